@@ -1,0 +1,48 @@
+"""Configuration of a storage backend (the ``[storage]`` TOML section)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BACKENDS = ("none", "memory", "lmdb", "file", "remote")
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Where and how pages are stored outside the process.
+
+    ``backend = "none"`` disables the storage tier. ``fingerprint`` is not set
+    by users: the cache fills it with the model fingerprint (hex) so that a
+    store refuses pages written for another model unless
+    ``allow_fingerprint_mismatch`` is set.
+    """
+
+    backend: str = "none"
+    path: str = ""
+    max_bytes: int = 8 << 30
+    map_size: int = 0  # LMDB map size; 0 means max_bytes plus headroom
+    remote_address: str = ""
+    timeout_s: float = 5.0
+    max_page_bytes: int = 64 << 20
+    fingerprint: str = ""
+    allow_fingerprint_mismatch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"storage.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend in ("lmdb", "file") and not self.path:
+            raise ValueError(f"storage.path is required for the {self.backend!r} backend")
+        if self.backend == "remote" and not self.remote_address:
+            raise ValueError("storage.remote_address is required for the 'remote' backend")
+        if self.max_bytes < 1:
+            raise ValueError(f"storage.max_bytes must be >= 1, got {self.max_bytes}")
+        if self.map_size < 0:
+            raise ValueError(f"storage.map_size must be >= 0, got {self.map_size}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"storage.timeout_s must be > 0, got {self.timeout_s}")
+        if self.max_page_bytes < 1:
+            raise ValueError(f"storage.max_page_bytes must be >= 1, got {self.max_page_bytes}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.backend != "none"
