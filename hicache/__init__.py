@@ -1,0 +1,23 @@
+"""hicache: a tiered (device / host / storage) radix KV cache for LLM inference."""
+
+from __future__ import annotations
+
+import importlib
+
+# Public names, imported on first use so that `import hicache` stays cheap and
+# importing one subpackage never drags in the others.
+_EXPORTS = {
+    "HiRadixCache": "hicache.cache",
+    "MatchResult": "hicache.cache",
+    "InsertResult": "hicache.cache",
+    "CacheConfig": "hicache.config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hicache' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BACKENDS = ("none", "memory", "lmdb", "file", "remote")
+BACKENDS = ("none", "memory", "lmdb", "file")
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,6 @@ class StorageConfig:
     path: str = ""
     max_bytes: int = 8 << 30
     map_size: int = 0  # LMDB map size; 0 means max_bytes plus headroom
-    remote_address: str = ""
     timeout_s: float = 5.0
     max_page_bytes: int = 64 << 20
     fingerprint: str = ""
@@ -32,8 +31,6 @@ class StorageConfig:
             raise ValueError(f"storage.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend in ("lmdb", "file") and not self.path:
             raise ValueError(f"storage.path is required for the {self.backend!r} backend")
-        if self.backend == "remote" and not self.remote_address:
-            raise ValueError("storage.remote_address is required for the 'remote' backend")
         if self.max_bytes < 1:
             raise ValueError(f"storage.max_bytes must be >= 1, got {self.max_bytes}")
         if self.map_size < 0:

@@ -1,0 +1,39 @@
+"""Benchmarks behind ``hicache bench <name>``.
+
+Each benchmark is a module exposing ``add_arguments(parser)`` and
+``run(args) -> int``; the registry maps names to module paths so that a
+benchmark's heavy imports happen only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+from types import MappingProxyType, ModuleType
+
+BENCHMARKS: MappingProxyType[str, str] = MappingProxyType(
+    {
+        "tree": "hicache.bench.tree",
+        "transfer": "hicache.bench.transfer",
+        "storage": "hicache.bench.storage",
+    }
+)
+
+
+def load(name: str) -> ModuleType:
+    """Import the module of benchmark ``name``; ValueError for an unknown name."""
+    try:
+        return importlib.import_module(BENCHMARKS[name])
+    except KeyError:
+        raise ValueError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}") from None
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add one sub-command per benchmark whose module imports."""
+    for name in BENCHMARKS:
+        module = load(name)
+        p = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
+        module.add_arguments(p)
+        run: Callable[[argparse.Namespace], int] = module.run
+        p.set_defaults(bench_run=run)
