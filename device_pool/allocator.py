@@ -69,7 +69,9 @@ class PagedAllocator:
 
     def _check_whole_pages(self, slots: torch.Tensor) -> torch.Tensor:
         if slots.dtype != torch.int64 or slots.dim() != 1:
-            raise SlotError(f"slots must be a 1-D int64 tensor, got {slots.dtype} {tuple(slots.shape)}")
+            raise SlotError(
+                f"slots must be a 1-D int64 tensor, got {slots.dtype} {tuple(slots.shape)}"
+            )
         slots = slots.cpu()
         if slots.numel() % self.page_size:
             raise SlotError(f"{slots.numel()} slots do not form whole pages of {self.page_size}")

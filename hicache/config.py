@@ -1,0 +1,272 @@
+"""Cache configuration: frozen dataclasses per TOML section, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from device_pool import KVShape, dtype_from_name
+from storage_backends import StorageConfig
+
+Scalar = str | int | float | bool
+_T = typing.TypeVar("_T")
+
+
+def _check(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+        raise ValueError(f"{key}: {msg}")
+
+
+def _one_of(value: str, choices: tuple[str, ...], key: str) -> None:
+    _check(value in choices, key, f"must be one of {choices}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model whose KV is cached; it also names the store's fingerprint."""
+
+    model_id: str = "tiny-llama"
+    num_layers: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    dtype: str = "float16"
+    attention: str = "mha"
+    kv_lora_rank: int = 0
+    rope_dim: int = 0
+    tp_rank: int = 0
+    tp_size: int = 1
+
+    def __post_init__(self) -> None:
+        _check(bool(self.model_id), "model.model_id", "must not be empty")
+        _check(0 <= self.tp_rank < self.tp_size, "model.tp_rank", "must be in [0, tp_size)")
+        try:
+            self.kv_shape()
+        except ValueError as e:
+            raise ValueError(f"model: {e}") from None
+
+    def kv_shape(self) -> KVShape:
+        return KVShape(
+            num_layers=self.num_layers,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            dtype=dtype_from_name(self.dtype),
+            attention=self.attention,  # type: ignore[arg-type]  # validated by KVShape
+            kv_lora_rank=self.kv_lora_rank,
+            rope_dim=self.rope_dim,
+        )
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """The device tier. Give its size in tokens or in GB (tokens win when both are set)."""
+
+    device: str = "auto"
+    page_size: int = 16
+    num_tokens: int = 16384
+    size_gb: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self.page_size >= 1, "device.page_size", f"must be >= 1, got {self.page_size}")
+        _check(self.num_tokens >= 0, "device.num_tokens", "must be >= 0")
+        _check(self.size_gb >= 0, "device.size_gb", "must be >= 0")
+        _check(self.num_tokens > 0 or self.size_gb > 0, "device", "num_tokens or size_gb needed")
+        _check(
+            self.num_tokens % self.page_size == 0,
+            "device.num_tokens",
+            f"must be a multiple of page_size {self.page_size}",
+        )
+        _check(
+            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+            "device.device",
+            f"must be auto, cpu or cuda[:N], got {self.device!r}",
+        )
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """The host tier: ``ratio`` × device tokens, or ``size_gb`` when set."""
+
+    enabled: bool = True
+    ratio: float = 2.0
+    size_gb: float = 0.0
+    layout: str = "layer_first"
+    reserve_gb: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self.ratio > 0, "host.ratio", f"must be > 0, got {self.ratio}")
+        _check(self.size_gb >= 0, "host.size_gb", "must be >= 0")
+        _check(self.reserve_gb >= 0, "host.reserve_gb", "must be >= 0")
+        _one_of(self.layout, ("layer_first", "page_first"), "host.layout")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Eviction, write-back and prefetch policy."""
+
+    eviction: str = "lru"
+    write_policy: str = "write_through"
+    write_through_threshold: int = 2
+    load_back_threshold: int = 16
+    prefetch_threshold: int = 256
+    prefetch_policy: str = "best_effort"
+    prefetch_timeout_base_s: float = 1.0
+    prefetch_timeout_per_1k_s: float = 0.25
+    io_workers: int = 2
+
+    def __post_init__(self) -> None:
+        _one_of(self.eviction, ("lru", "lfu"), "policy.eviction")
+        _one_of(
+            self.write_policy,
+            ("write_through", "write_through_selective", "write_back"),
+            "policy.write_policy",
+        )
+        _one_of(
+            self.prefetch_policy,
+            ("best_effort", "wait_complete", "timeout"),
+            "policy.prefetch_policy",
+        )
+        for name in ("write_through_threshold", "io_workers"):
+            _check(getattr(self, name) >= 1, f"policy.{name}", "must be >= 1")
+        for name in ("load_back_threshold", "prefetch_threshold"):
+            _check(getattr(self, name) >= 0, f"policy.{name}", "must be >= 0")
+        for name in ("prefetch_timeout_base_s", "prefetch_timeout_per_1k_s"):
+            _check(getattr(self, name) >= 0, f"policy.{name}", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """How bytes move between device and host."""
+
+    backend: str = "auto"
+    io_backend: str = "direct"
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        _one_of(self.backend, ("auto", "cpu", "cuda"), "transfer.backend")
+        _one_of(self.io_backend, ("direct", "kernel"), "transfer.io_backend")
+        _check(self.workers >= 1, "transfer.workers", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class EventsConfig:
+    """KV events; published on a ZeroMQ PUB socket when ``endpoint`` is set."""
+
+    endpoint: str = ""
+    topic: str = "kv-events"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus metrics over HTTP on ``port`` (0 = off)."""
+
+    port: int = 0
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.port < 65536, "metrics.port", f"must be in [0, 65535], got {self.port}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """All of hicache's configuration; one field per TOML section."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    host: HostConfig = field(default_factory=HostConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
+    events: EventsConfig = field(default_factory=EventsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    @classmethod
+    def from_toml(
+        cls, path: str | Path, overrides: Mapping[str, Scalar] | None = None
+    ) -> CacheConfig:
+        """Load ``path`` and apply ``overrides`` (``"section.key" -> value``).
+
+        Raises ValueError naming the key and the file for an unknown section or
+        key, a wrong type or an out-of-range value; OSError if unreadable.
+        """
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}: invalid TOML: {e}") from None
+        return cls.from_mapping(data, overrides, source=str(path))
+
+    @classmethod
+    def from_mapping(
+        cls,
+        data: Mapping[str, object],
+        overrides: Mapping[str, Scalar] | None = None,
+        source: str = "<config>",
+    ) -> CacheConfig:
+        merged = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+        for dotted, value in (overrides or {}).items():
+            section, _, key = dotted.partition(".")
+            if not key:
+                raise ValueError(f"{source}: override {dotted!r} must be 'section.key'")
+            table = merged.setdefault(section, {})
+            if not isinstance(table, dict):
+                raise ValueError(f"{source}: [{section}] must be a table")
+            table[key] = value
+        try:
+            return _build(cls, merged, "")
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+
+
+def _build(cls: type[_T], table: Mapping[str, object], prefix: str) -> _T:
+    """Construct dataclass ``cls`` from ``table``, checking names and types."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - names)
+    if unknown:
+        raise ValueError(f"unknown key {prefix}{unknown[0]!r}; known: {sorted(names)}")
+    kwargs: dict[str, object] = {}
+    for name, value in table.items():
+        kind = hints[name]
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            if not isinstance(value, Mapping):
+                raise ValueError(f"[{prefix}{name}] must be a table")
+            kwargs[name] = _build(kind, value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, kind, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def _coerce(value: object, kind: object, key: str) -> Scalar:
+    if isinstance(kind, types.UnionType):
+        kind = typing.get_args(kind)[0]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is bool and not isinstance(value, bool):
+        raise ValueError(f"{key}: expected true/false, got {value!r}")
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{key}: expected an integer, got {value!r}")
+    if not isinstance(value, kind):  # type: ignore[arg-type]
+        raise ValueError(f"{key}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+class Override(typing.NamedTuple):
+    key: str
+    value: Scalar
+
+
+def parse_override(text: str) -> Override:
+    """Parse a CLI ``--set section.key=value`` (value in TOML syntax, bare strings allowed)."""
+    key, sep, raw = text.partition("=")
+    if not sep or "." not in key:
+        raise ValueError(f"override {text!r} must look like section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return Override(key.strip(), value)

@@ -1,0 +1,241 @@
+"""The radix tree over token pages: pure structure, no pools and no policy.
+
+Keys are Python lists of token ids. Matching compares whole slices (one C-level
+comparison per node, a binary search over pages on a mismatch) instead of
+looping per token or per page in Python, which is where a pure-Python radix
+tree spends its time.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import torch
+
+MAX_TOKEN_ID = 2**31 - 1
+ChildKey = tuple[object, ...]
+
+
+class TreeNode:
+    """One run of whole pages and where its KV lives in each tier.
+
+    Mutated only by the owner thread through ``RadixTree`` and ``HiRadixCache``.
+    """
+
+    __slots__ = (
+        "backup_op",
+        "children",
+        "device",
+        "hit_count",
+        "host",
+        "host_ref",
+        "id",
+        "key",
+        "last_access",
+        "load_op",
+        "lock_ref",
+        "namespace",
+        "page_keys",
+        "parent",
+        "tree",
+    )
+
+    def __init__(self, tree: RadixTree, key: list[int], namespace: str | None) -> None:
+        self.tree: RadixTree | None = tree
+        self.id = tree.next_id()
+        self.key = key
+        self.namespace = namespace
+        self.parent: TreeNode | None = None
+        self.children: dict[ChildKey, TreeNode] = {}
+        self.device: torch.Tensor | None = None
+        self.host: torch.Tensor | None = None
+        self.page_keys: list[bytes] | None = None
+        self.lock_ref = 0
+        self.host_ref = 0
+        self.hit_count = 0
+        self.last_access = 0
+        self.backup_op: int | None = None  # D2H copy in flight: host not yet reliable
+        self.load_op: int | None = None  # H2D copy in flight: device not yet readable
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def __repr__(self) -> str:
+        tiers = ("D" if self.device is not None else "") + ("H" if self.host is not None else "")
+        return f"TreeNode(id={self.id}, len={len(self.key)}, {tiers or '-'}, lock={self.lock_ref})"
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None and self.tree is not None and self.tree.root is self
+
+    @property
+    def on_device(self) -> bool:
+        return self.device is not None
+
+    @property
+    def on_host(self) -> bool:
+        return self.host is not None
+
+    def has_device_child(self) -> bool:
+        return any(c.device is not None for c in self.children.values())
+
+
+class WalkResult(NamedTuple):
+    """The deepest node whose whole key matches, and how many tokens matched."""
+
+    node: TreeNode
+    length: int
+    path: list[TreeNode]
+
+
+def as_token_list(tokens: Sequence[int] | torch.Tensor) -> list[int]:
+    """Validate token ids (ints in [0, 2**31)) and return them as a list.
+
+    Raises ValueError before anything is touched; the ids are hashed as int32.
+    """
+    if isinstance(tokens, torch.Tensor):
+        if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise ValueError(f"token tensor must be 1-D integer, got {tokens.dtype} {tokens.shape}")
+        tokens = tokens.tolist()
+    if isinstance(tokens, str | bytes):
+        raise ValueError("tokens must be a sequence of ints, not a string")
+    try:
+        packed = array("i", tokens)
+    except (TypeError, OverflowError) as e:
+        raise ValueError(f"token ids must be integers in [0, 2**31): {e}") from None
+    if packed and min(packed) < 0:
+        raise ValueError(f"token ids must be >= 0, got {min(packed)}")
+    return packed.tolist()
+
+
+class RadixTree:
+    """Page-aligned radix tree; children of a node are keyed by their first page.
+
+    Root children are keyed by ``(namespace, *first_page)`` so that namespaces
+    never share a node. Not thread-safe: the owner thread only.
+    """
+
+    def __init__(self, page_size: int) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self._ids = 0
+        self._clock = 0
+        self.root = TreeNode(self, [], None)
+        self.root.lock_ref = 1  # the root is never evicted
+
+    def next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def tick(self) -> int:
+        """A logical clock for LRU: strictly increasing, identical across runs."""
+        self._clock += 1
+        return self._clock
+
+    def child_key(
+        self, parent: TreeNode, tokens: list[int], start: int, ns: str | None
+    ) -> ChildKey:
+        page = tuple(tokens[start : start + self.page_size])
+        return (ns, *page) if parent is self.root else page
+
+    def walk(self, tokens: list[int], namespace: str | None, split: bool) -> WalkResult:
+        """Follow ``tokens`` (whole pages) down the tree.
+
+        When the match ends inside a node and ``split`` is set, the node is split
+        there so that the result ends on a node boundary; otherwise the walk
+        stops at the last whole node.
+        """
+        node, pos, path, n, ps = self.root, 0, [], len(tokens), self.page_size
+        while pos + ps <= n:
+            child = node.children.get(self.child_key(node, tokens, pos, namespace))
+            if child is None:
+                break
+            klen = len(child.key)
+            if pos + klen <= n and tokens[pos : pos + klen] == child.key:
+                pos += klen
+            else:
+                if not split:
+                    break
+                matched = self.common_prefix(child.key, tokens, pos)
+                child = self.split(child, matched)
+                pos += matched
+            node = child
+            path.append(node)
+        return WalkResult(node, pos, path)
+
+    def common_prefix(self, key: list[int], tokens: list[int], pos: int) -> int:
+        """Tokens (whole pages) shared by ``key`` and ``tokens[pos:]``; at least one page.
+
+        Binary search over pages; each probe compares only the undecided range,
+        so the total work is one pass over the shorter key, done in C.
+        """
+        ps = self.page_size
+        lo, hi = 1, min(len(key), len(tokens) - pos) // ps
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if key[lo * ps : mid * ps] == tokens[pos + lo * ps : pos + mid * ps]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo * ps
+
+    def split(self, node: TreeNode, at: int) -> TreeNode:
+        """Cut ``node`` at token ``at`` (page-aligned); returns the new upper part."""
+        if at <= 0 or at >= len(node.key) or at % self.page_size:
+            raise ValueError(f"cannot split a node of {len(node.key)} tokens at {at}")
+        parent = node.parent
+        assert parent is not None
+        upper = TreeNode(self, node.key[:at], node.namespace)
+        ckey = self.child_key(parent, node.key, 0, node.namespace)
+        upper.parent = parent
+        parent.children[ckey] = upper
+        for name in ("lock_ref", "host_ref", "hit_count", "last_access", "backup_op", "load_op"):
+            setattr(upper, name, getattr(node, name))
+        if node.device is not None:
+            upper.device, node.device = node.device[:at], node.device[at:]
+        if node.host is not None:
+            upper.host, node.host = node.host[:at], node.host[at:]
+        if node.page_keys is not None:
+            pages = at // self.page_size
+            upper.page_keys, node.page_keys = node.page_keys[:pages], node.page_keys[pages:]
+        node.key = node.key[at:]
+        node.parent = upper
+        upper.children[self.child_key(upper, node.key, 0, node.namespace)] = node
+        return upper
+
+    def add_child(self, parent: TreeNode, key: list[int], namespace: str | None) -> TreeNode:
+        node = TreeNode(self, key, namespace)
+        node.parent = parent
+        parent.children[self.child_key(parent, key, 0, namespace)] = node
+        return node
+
+    def remove_leaf(self, node: TreeNode) -> None:
+        """Detach a childless node; it can no longer be locked or matched."""
+        if node.children or node.parent is None:
+            raise ValueError(f"{node!r} is not a removable leaf")
+        del node.parent.children[self.child_key(node.parent, node.key, 0, node.namespace)]
+        node.parent = None
+        node.tree = None
+
+    def nodes(self) -> Iterator[TreeNode]:
+        """Every non-root node, parents before children."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def path_to_root(self, node: TreeNode) -> Iterator[TreeNode]:
+        """``node`` and its ancestors, excluding the root."""
+        while node is not self.root:
+            yield node
+            assert node.parent is not None
+            node = node.parent
+
+    def prefix_tokens(self, node: TreeNode) -> list[int]:
+        """All tokens from the root down to and including ``node``."""
+        parts = [n.key for n in self.path_to_root(node)]
+        return [t for part in reversed(parts) for t in part]

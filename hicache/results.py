@@ -1,0 +1,55 @@
+"""Results returned by HiRadixCache: named, immutable, no sentinels."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from hicache.radix_tree import TreeNode
+
+
+class MatchResult(NamedTuple):
+    """What ``match_prefix`` found.
+
+    ``device_indices`` are the device slots of the device-resident prefix (a
+    fresh tensor); ``last_device_node`` ends that prefix (lock it before use).
+    ``last_host_node`` ends the longer prefix that also counts host-only nodes,
+    ``host_hit_length`` tokens past the device prefix. ``storage_hit_length``
+    counts tokens past both that storage holds (0 unless asked for).
+    """
+
+    device_indices: torch.Tensor
+    last_device_node: TreeNode
+    last_host_node: TreeNode
+    host_hit_length: int
+    storage_hit_length: int = 0
+
+    @property
+    def device_hit_length(self) -> int:
+        return int(self.device_indices.numel())
+
+
+class InsertResult(NamedTuple):
+    """``prefix_len`` tokens were already cached (any tier); ``last_node`` ends the insert."""
+
+    prefix_len: int
+    last_node: TreeNode
+
+
+class UnfinishedResult(NamedTuple):
+    """After ``cache_unfinished_req``: the tree's slots for the request's cached
+    prefix (replace the request's own, some of which were freed as duplicates),
+    and the new last node, now locked for the request."""
+
+    device_indices: torch.Tensor
+    last_node: TreeNode
+    prefix_len: int
+
+
+class EvictResult(NamedTuple):
+    """Device tokens freed by ``evict``: deleted nodes plus nodes demoted to host."""
+
+    freed: int
+    demoted: int
+    deleted: int

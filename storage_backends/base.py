@@ -1,0 +1,93 @@
+"""The StorageBackend protocol and its result type, StorageStats."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class StorageStats:
+    """A snapshot of one backend's size and counters.
+
+    ``entries``/``bytes_used`` describe the store; the counters are totals since
+    this backend object was created (in this process). ``bytes_used`` counts
+    stored bytes including page headers. ``corrupt`` counts stored pages found
+    damaged (bad checksum or header) and deleted.
+    """
+
+    entries: int
+    bytes_used: int
+    capacity_bytes: int
+    hits: int
+    misses: int
+    puts: int
+    put_failures: int
+    evictions: int
+    corrupt: int
+    deletes: int
+
+    def as_dict(self) -> dict[str, int]:
+        """The snapshot as a JSON-ready dict."""
+        return asdict(self)
+
+
+@runtime_checkable
+class StorageBackend(Protocol):
+    """A batch-only key → page store outside the process.
+
+    Keys are 32-byte sha256 page keys (``bytes``); values are whole pages.
+    Every page is stored with a header (``storage_backends.page_format``) and
+    checked on every read: a damaged page is deleted, counted in
+    ``StorageStats.corrupt`` and reported as a miss.
+
+    Thread-safety: every method may be called concurrently from several I/O
+    worker threads, except ``close()``, which must be called once no other call
+    is in flight.
+
+    Errors: a miss is never an exception. Methods raise ``StorageClosedError``
+    after ``close()`` and ``ValueError`` for malformed arguments (a key that is
+    not 32 bytes, ``keys`` and buffers of different lengths, a read-only
+    ``dst``). Backend failures while writing (disk or map full) are reported as
+    ``False`` entries of ``put`` and counted in ``put_failures``.
+    """
+
+    def exists(self, keys: Sequence[bytes]) -> int:
+        """Return how many leading keys are present, stopping at the first miss.
+
+        Mutates nothing (recency is not updated).
+        """
+        ...
+
+    def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
+        """Copy the page of each key into the caller-owned buffer ``dst[i]``.
+
+        Returns per-key hits. A ``dst[i]`` whose length differs from the stored
+        payload is a miss. Mutates ``dst[i]`` only on a hit (damaged pages are
+        verified before anything is copied), updates recency of hit pages,
+        deletes damaged pages and updates the hit/miss/corrupt counters.
+        """
+        ...
+
+    def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
+        """Store ``src[i]`` under ``keys[i]``; return per-key success.
+
+        Keys already present are skipped and reported as ``True``. May evict
+        least-recently-used pages to stay within capacity. ``src`` is not
+        mutated and may be reused as soon as this returns.
+        """
+        ...
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Remove the given keys; return how many were present."""
+        ...
+
+    def stats(self) -> StorageStats:
+        """Return a snapshot of sizes and counters. Mutates nothing."""
+        ...
+
+    def close(self) -> None:
+        """Release the store; idempotent. Later calls of other methods raise
+        ``StorageClosedError``."""
+        ...

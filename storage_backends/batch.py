@@ -1,0 +1,37 @@
+"""Argument checks shared by the backends' batch methods."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from storage_backends.page_format import KEY_BYTES
+
+
+def check_keys(keys: Sequence[bytes]) -> None:
+    """ValueError unless every key is ``bytes`` of ``KEY_BYTES``."""
+    for key in keys:
+        if not isinstance(key, bytes) or len(key) != KEY_BYTES:
+            raise ValueError(f"page keys must be {KEY_BYTES}-byte bytes, got {key!r:.80}")
+
+
+def byte_view(buf: memoryview, writable: bool) -> memoryview:
+    """A flat unsigned-byte view of ``buf`` (ValueError if read-only but must be writable)."""
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if writable and view.readonly:
+        raise ValueError("get() destination buffers must be writable")
+    if view.format != "B" or view.ndim != 1:
+        if not view.c_contiguous:
+            # A strided buffer cannot be filled by one copy; callers pass whole pages.
+            raise ValueError("page buffers must be C-contiguous")
+        view = view.cast("B")
+    return view
+
+
+def check_batch(
+    keys: Sequence[bytes], bufs: Sequence[memoryview], writable: bool
+) -> list[memoryview]:
+    """Validate a (keys, buffers) batch and return flat byte views of the buffers."""
+    if len(keys) != len(bufs):
+        raise ValueError(f"got {len(keys)} keys but {len(bufs)} buffers")
+    check_keys(keys)
+    return [byte_view(buf, writable) for buf in bufs]

@@ -1,0 +1,24 @@
+"""Typed errors of the storage tier.
+
+A miss is never an error: backends report misses through their return values.
+These exceptions cover misuse (a closed backend) and stores that cannot be
+opened at all.
+"""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base class of every error raised by a storage backend."""
+
+
+class StorageClosedError(StorageError):
+    """A backend method was called after ``close()``."""
+
+
+class StorageOpenError(StorageError):
+    """The store cannot be opened: missing parent directory, unwritable path, bad format."""
+
+
+class FingerprintMismatchError(StorageOpenError):
+    """The store was created for another model (different fingerprint)."""

@@ -1,0 +1,74 @@
+"""Opening a store directory: path checks and the store's identity (format, fingerprint)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+from storage_backends.config import StorageConfig
+from storage_backends.errors import FingerprintMismatchError, StorageOpenError
+from storage_backends.page_format import FORMAT_VERSION
+
+logger = logging.getLogger(__name__)
+
+
+class StoreMeta(NamedTuple):
+    """What a store records about itself when created."""
+
+    format_version: int
+    fingerprint: str
+
+
+def prepare_store_dir(config: StorageConfig) -> Path:
+    """Return ``config.path`` as a writable directory, creating it (not its parents).
+
+    Raises StorageOpenError with the reason when that is impossible.
+    """
+    if not config.path:
+        raise StorageOpenError("storage.path is empty; a directory is required")
+    path = Path(config.path)
+    if not path.parent.is_dir():
+        raise StorageOpenError(f"storage.path {path}: parent directory {path.parent} is missing")
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise StorageOpenError(f"storage.path {path}: cannot create directory: {exc}") from exc
+    if not path.is_dir():
+        raise StorageOpenError(f"storage.path {path} exists and is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StorageOpenError(f"storage.path {path} is not writable")
+    return path
+
+
+def reconcile_meta(stored: StoreMeta | None, config: StorageConfig) -> StoreMeta:
+    """Decide what the store's identity is after this open, or raise.
+
+    A new store (``stored`` None) takes the configured fingerprint; an empty
+    fingerprint on either side disables the check. Raises StorageOpenError for
+    another format version and FingerprintMismatchError for another model
+    (unless ``allow_fingerprint_mismatch``, which logs a warning and keeps the
+    stored fingerprint).
+    """
+    if stored is None:
+        return StoreMeta(FORMAT_VERSION, config.fingerprint)
+    if stored.format_version != FORMAT_VERSION:
+        raise StorageOpenError(
+            f"store {config.path} uses page format v{stored.format_version}; this build reads "
+            f"v{FORMAT_VERSION}; delete the directory to start a new store"
+        )
+    if not stored.fingerprint:
+        return StoreMeta(FORMAT_VERSION, config.fingerprint)
+    if not config.fingerprint or stored.fingerprint == config.fingerprint:
+        return stored
+    message = (
+        f"store {config.path} was created for model fingerprint {stored.fingerprint}, "
+        f"not {config.fingerprint}"
+    )
+    if not config.allow_fingerprint_mismatch:
+        raise FingerprintMismatchError(
+            message + "; set storage.allow_fingerprint_mismatch to use it anyway"
+        )
+    logger.warning("%s; using it because storage.allow_fingerprint_mismatch is set", message)
+    return stored
