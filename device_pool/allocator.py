@@ -6,6 +6,7 @@ than keeping a copy of its own.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -31,8 +32,10 @@ class PagedAllocator:
             )
         self.page_size = page_size
         self.num_pages = num_tokens // page_size
-        self._offsets = torch.arange(page_size, dtype=torch.int64)
-        self._in_use = torch.zeros(self.num_pages, dtype=torch.bool)
+        self._offsets = np.arange(page_size, dtype=np.int64)
+        # numpy, not torch, for the bookkeeping: these arrays are small and
+        # numpy's per-call overhead is a fraction of torch's.
+        self._in_use = np.zeros(self.num_pages, dtype=np.bool_)
         # Reversed so that low pages go out first: easier to read in dumps.
         self._free_pages: list[int] = list(range(self.num_pages - 1, -1, -1))
 
@@ -54,10 +57,10 @@ class PagedAllocator:
             return None
         if n == 0:
             return torch.empty(0, dtype=torch.int64)
-        pages = torch.tensor(self._free_pages[-n:][::-1], dtype=torch.int64)
+        pages = np.array(self._free_pages[-n:][::-1], dtype=np.int64)
         del self._free_pages[-n:]
         self._in_use[pages] = True
-        return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
+        return torch.from_numpy((pages[:, None] * self.page_size + self._offsets).reshape(-1))
 
     def free(self, slots: torch.Tensor) -> None:
         """Return whole pages; every slot of each page must be listed exactly once."""
@@ -67,24 +70,22 @@ class PagedAllocator:
         self._in_use[pages] = False
         self._free_pages.extend(pages.tolist())
 
-    def _check_whole_pages(self, slots: torch.Tensor) -> torch.Tensor:
+    def _check_whole_pages(self, slots: torch.Tensor) -> np.ndarray:
         if slots.dtype != torch.int64 or slots.dim() != 1:
-            raise SlotError(
-                f"slots must be a 1-D int64 tensor, got {slots.dtype} {tuple(slots.shape)}"
-            )
-        slots = slots.cpu()
-        if slots.numel() % self.page_size:
-            raise SlotError(f"{slots.numel()} slots do not form whole pages of {self.page_size}")
-        if int(slots.min()) < 0 or int(slots.max()) >= self.capacity:
+            raise SlotError(f"slots must be 1-D int64, got {slots.dtype} {tuple(slots.shape)}")
+        flat = slots.cpu().numpy()
+        if flat.size % self.page_size:
+            raise SlotError(f"{flat.size} slots do not form whole pages of {self.page_size}")
+        if int(flat.min()) < 0 or int(flat.max()) >= self.capacity:
             raise SlotError("slot index out of range")
-        grid = slots.view(-1, self.page_size)
+        grid = flat.reshape(-1, self.page_size)
         pages = grid[:, 0] // self.page_size
-        if self.page_size > 1 and not torch.equal(
+        if self.page_size > 1 and not np.array_equal(
             grid, pages[:, None] * self.page_size + self._offsets
         ):
             raise SlotError("slots are not whole pages in order")
-        if pages.unique().numel() != pages.numel():
-            raise SlotError("a page is listed twice")
-        if not bool(self._in_use[pages].all()):
+        if not self._in_use[pages].all():
             raise SlotError("freeing a page that is not allocated (double free?)")
+        if pages.size > 1 and np.unique(pages).size != pages.size:
+            raise SlotError("a page is listed twice")
         return pages

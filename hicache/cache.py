@@ -12,7 +12,7 @@ from device_pool import DeviceKVPool, tokens_for_bytes
 from hicache.config import CacheConfig
 from hicache.hashing import model_fingerprint, page_keys
 from hicache.integrity import check_tree
-from hicache.radix_tree import RadixTree, TreeNode, as_token_list
+from hicache.radix_tree import Key, RadixTree, TreeNode, as_token_list
 from hicache.results import EvictResult, InsertResult, MatchResult, UnfinishedResult
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class HiRadixCache:
         aligned = len(key) // self.page_size * self.page_size
         return self._insert(key[:aligned], device_slots[:aligned], namespace)
 
-    def _insert(self, key: list[int], slots: torch.Tensor, ns: str | None) -> InsertResult:
+    def _insert(self, key: Key, slots: torch.Tensor, ns: str | None) -> InsertResult:
         walk = self.tree.walk(key, ns, split=True)
         pos, now = 0, self.tree.tick()
         for node in walk.path:

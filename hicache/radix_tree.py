@@ -1,9 +1,10 @@
 """The radix tree over token pages: pure structure, no pools and no policy.
 
-Keys are Python lists of token ids. Matching compares whole slices (one C-level
-comparison per node, a binary search over pages on a mismatch) instead of
-looping per token or per page in Python, which is where a pure-Python radix
-tree spends its time.
+Keys are ``array('i')`` of token ids. Matching compares whole slices (one
+memcmp-speed comparison per node, a binary search over pages on a mismatch)
+instead of looping per token or per page in Python, which is where a
+pure-Python radix tree spends its time. Children are keyed by the raw bytes
+of their first page, which hash faster than tuples of ints.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 MAX_TOKEN_ID = 2**31 - 1
-ChildKey = tuple[object, ...]
+Key = array  # array('i') of token ids
+ChildKey = bytes | tuple[str | None, bytes]
 
 
 class TreeNode:
@@ -42,7 +45,7 @@ class TreeNode:
         "tree",
     )
 
-    def __init__(self, tree: RadixTree, key: list[int], namespace: str | None) -> None:
+    def __init__(self, tree: RadixTree, key: Key, namespace: str | None) -> None:
         self.tree: RadixTree | None = tree
         self.id = tree.next_id()
         self.key = key
@@ -90,24 +93,27 @@ class WalkResult(NamedTuple):
     path: list[TreeNode]
 
 
-def as_token_list(tokens: Sequence[int] | torch.Tensor) -> list[int]:
-    """Validate token ids (ints in [0, 2**31)) and return them as a list.
+def as_token_list(tokens: Sequence[int] | torch.Tensor | array) -> Key:
+    """Validate token ids (ints in [0, 2**31)) and return them as ``array('i')``.
 
     Raises ValueError before anything is touched; the ids are hashed as int32.
     """
     if isinstance(tokens, torch.Tensor):
         if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
             raise ValueError(f"token tensor must be 1-D integer, got {tokens.dtype} {tokens.shape}")
-        tokens = tokens.tolist()
+        t = tokens.detach().cpu()
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) > MAX_TOKEN_ID):
+            raise ValueError("token ids must be in [0, 2**31)")
+        return array("i", t.to(torch.int32).numpy().tobytes())
     if isinstance(tokens, str | bytes):
         raise ValueError("tokens must be a sequence of ints, not a string")
     try:
         packed = array("i", tokens)
     except (TypeError, OverflowError) as e:
         raise ValueError(f"token ids must be integers in [0, 2**31): {e}") from None
-    if packed and min(packed) < 0:
-        raise ValueError(f"token ids must be >= 0, got {min(packed)}")
-    return packed.tolist()
+    if packed and int(np.frombuffer(packed, dtype=np.int32).min()) < 0:
+        raise ValueError("token ids must be >= 0")
+    return packed
 
 
 class RadixTree:
@@ -123,7 +129,7 @@ class RadixTree:
         self.page_size = page_size
         self._ids = 0
         self._clock = 0
-        self.root = TreeNode(self, [], None)
+        self.root = TreeNode(self, array("i"), None)
         self.root.lock_ref = 1  # the root is never evicted
 
     def next_id(self) -> int:
@@ -135,13 +141,11 @@ class RadixTree:
         self._clock += 1
         return self._clock
 
-    def child_key(
-        self, parent: TreeNode, tokens: list[int], start: int, ns: str | None
-    ) -> ChildKey:
-        page = tuple(tokens[start : start + self.page_size])
-        return (ns, *page) if parent is self.root else page
+    def child_key(self, parent: TreeNode, tokens: Key, start: int, ns: str | None) -> ChildKey:
+        page = tokens[start : start + self.page_size].tobytes()
+        return (ns, page) if parent is self.root else page
 
-    def walk(self, tokens: list[int], namespace: str | None, split: bool) -> WalkResult:
+    def walk(self, tokens: Key, namespace: str | None, split: bool) -> WalkResult:
         """Follow ``tokens`` (whole pages) down the tree.
 
         When the match ends inside a node and ``split`` is set, the node is split
@@ -166,7 +170,7 @@ class RadixTree:
             path.append(node)
         return WalkResult(node, pos, path)
 
-    def common_prefix(self, key: list[int], tokens: list[int], pos: int) -> int:
+    def common_prefix(self, key: Key, tokens: Key, pos: int) -> int:
         """Tokens (whole pages) shared by ``key`` and ``tokens[pos:]``; at least one page.
 
         Binary search over pages; each probe compares only the undecided range,
@@ -206,7 +210,7 @@ class RadixTree:
         upper.children[self.child_key(upper, node.key, 0, node.namespace)] = node
         return upper
 
-    def add_child(self, parent: TreeNode, key: list[int], namespace: str | None) -> TreeNode:
+    def add_child(self, parent: TreeNode, key: Key, namespace: str | None) -> TreeNode:
         node = TreeNode(self, key, namespace)
         node.parent = parent
         parent.children[self.child_key(parent, key, 0, namespace)] = node
@@ -237,5 +241,7 @@ class RadixTree:
 
     def prefix_tokens(self, node: TreeNode) -> list[int]:
         """All tokens from the root down to and including ``node``."""
-        parts = [n.key for n in self.path_to_root(node)]
-        return [t for part in reversed(parts) for t in part]
+        out = array("i")
+        for part in reversed([n.key for n in self.path_to_root(node)]):
+            out.extend(part)
+        return out.tolist()

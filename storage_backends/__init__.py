@@ -1,5 +1,23 @@
 """Storage tier: the StorageBackend protocol, a registry and the backends."""
 
+from storage_backends.base import StorageBackend, StorageStats
 from storage_backends.config import BACKENDS, StorageConfig
+from storage_backends.errors import (
+    FingerprintMismatchError,
+    StorageClosedError,
+    StorageError,
+    StorageOpenError,
+)
+from storage_backends.registry import create
 
-__all__ = ["BACKENDS", "StorageConfig"]
+__all__ = [
+    "BACKENDS",
+    "FingerprintMismatchError",
+    "StorageBackend",
+    "StorageClosedError",
+    "StorageConfig",
+    "StorageError",
+    "StorageOpenError",
+    "StorageStats",
+    "create",
+]

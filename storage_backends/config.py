@@ -25,6 +25,9 @@ class StorageConfig:
     max_page_bytes: int = 64 << 20
     fingerprint: str = ""
     allow_fingerprint_mismatch: bool = False
+    # Flush each write batch to disk (LMDB commit, file rename). False is faster; a process
+    # crash still loses nothing, but an OS crash may lose (LMDB: damage) recent batches.
+    sync: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

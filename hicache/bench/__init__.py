@@ -8,6 +8,7 @@ benchmark's heavy imports happen only when it runs.
 from __future__ import annotations
 
 import argparse
+import logging
 import importlib
 from collections.abc import Callable
 from types import MappingProxyType, ModuleType
@@ -32,7 +33,11 @@ def load(name: str) -> ModuleType:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add one sub-command per benchmark whose module imports."""
     for name in BENCHMARKS:
-        module = load(name)
+        try:
+            module = load(name)
+        except ImportError as e:  # a benchmark whose optional deps are missing
+            logging.getLogger(__name__).debug("benchmark %s unavailable: %s", name, e)
+            continue
         p = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
         module.add_arguments(p)
         run: Callable[[argparse.Namespace], int] = module.run

@@ -1,0 +1,346 @@
+"""FileBackend: one file per page under ``<path>/pages/ab/cd/<key hex>``.
+
+Writes go to a temporary file in the target directory and are renamed into
+place, so readers see a whole page or none. Reads check the page in a
+per-thread scratch buffer before copying it into the caller's buffer, so a
+damaged file never reaches ``dst``. Capacity is enforced by an in-memory LRU
+index built on open from the files' modification times; recency of reads is
+kept in memory only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO, NamedTuple
+
+from storage_backends.base import StorageStats
+from storage_backends.batch import check_batch, check_keys
+from storage_backends.config import StorageConfig
+from storage_backends.counters import StatCounters
+from storage_backends.errors import StorageClosedError, StorageOpenError
+from storage_backends.page_format import (
+    HEADER_BYTES,
+    KEY_BYTES,
+    Verdict,
+    build_header,
+    check_header,
+    copy_verified,
+)
+from storage_backends.store_dir import StoreMeta, prepare_store_dir, reconcile_meta
+
+logger = logging.getLogger(__name__)
+
+_META_FILE = "store.json"
+_PAGES_DIR = "pages"
+_TMP_PREFIX = ".tmp-"
+
+
+class _Read(NamedTuple):
+    verdict: Verdict
+    inode: int
+
+
+class _PageFile(NamedTuple):
+    key: bytes
+    size: int
+    mtime_ns: int
+
+
+def _write_all(fd: int, parts: list[memoryview]) -> None:
+    """Write every byte of ``parts`` to ``fd`` (writev may write less than asked)."""
+    views = [part for part in parts if len(part)]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
+
+
+def _read_exact(file: BinaryIO, buf: memoryview) -> int:
+    """Fill ``buf`` from ``file``; return the bytes read (fewer only at end of file)."""
+    total = 0
+    while total < len(buf):
+        n = file.readinto(buf[total:])
+        if not n:
+            break
+        total += n
+    return total
+
+
+def _unlink(path: str) -> bool:
+    """Remove ``path``; False if it was already gone or could not be removed (logged)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        logger.warning("could not remove %s", path, exc_info=True)
+        return False
+    return True
+
+
+def _load_meta(path: Path) -> StoreMeta | None:
+    try:
+        raw = json.loads(path.read_text())
+        return StoreMeta(int(raw["format_version"]), str(raw["fingerprint"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StorageOpenError(f"{path}: unreadable store metadata: {exc}") from exc
+
+
+def _save_meta(path: Path, meta: StoreMeta) -> None:
+    tmp = path.with_name(_TMP_PREFIX + path.name)
+    try:
+        tmp.write_text(json.dumps(meta._asdict()))
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StorageOpenError(f"{path}: cannot write store metadata: {exc}") from exc
+
+
+def _page_files(pages: Path) -> Iterator[os.DirEntry[str]]:
+    """Every file two directory levels below ``pages``."""
+    for level1 in os.scandir(pages):
+        if level1.is_dir():
+            for level2 in os.scandir(level1.path):
+                if level2.is_dir():
+                    yield from os.scandir(level2.path)
+
+
+def _scan(pages: Path) -> OrderedDict[bytes, int]:
+    """Index of stored pages (key → file size), oldest modification first.
+
+    Removes temporary files left by writers that died mid-write.
+    """
+    found: list[_PageFile] = []
+    stale = ignored = 0
+    for entry in _page_files(pages):
+        if entry.name.startswith(_TMP_PREFIX):
+            stale += _unlink(entry.path)
+            continue
+        try:
+            key = bytes.fromhex(entry.name)
+        except ValueError:
+            key = b""
+        if len(key) != KEY_BYTES or not entry.is_file():
+            ignored += 1
+            continue
+        stat = entry.stat()
+        found.append(_PageFile(key, stat.st_size, stat.st_mtime_ns))
+    if stale or ignored:
+        logger.info("%s: removed %d stale temp files, ignored %d others", pages, stale, ignored)
+    found.sort(key=lambda page: page.mtime_ns)
+    return OrderedDict((page.key, page.size) for page in found)
+
+
+class FileBackend:
+    """One file per page, LRU-bounded by ``max_bytes`` through an in-memory index.
+
+    The filesystem is the truth for presence (several processes may share a
+    directory); the index, guarded by a lock, only drives eviction and stats.
+    """
+
+    def __init__(self, config: StorageConfig) -> None:
+        self._config = config
+        root = prepare_store_dir(config)
+        meta_path = root / _META_FILE
+        _save_meta(meta_path, reconcile_meta(_load_meta(meta_path), config))
+        pages = root / _PAGES_DIR
+        try:
+            pages.mkdir(exist_ok=True)
+            self._index = _scan(pages)
+        except OSError as exc:
+            raise StorageOpenError(f"{pages}: cannot use page directory: {exc}") from exc
+        self._pages_dir = str(pages)
+        self._bytes_used = sum(self._index.values())
+        self._lock = threading.Lock()
+        self._scratch = threading.local()
+        self._counters = StatCounters()
+        self._closed = False
+        self._counters.record_evictions(self._evict_to(config.max_bytes, b""))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageClosedError("FileBackend is closed")
+
+    def _path(self, key: bytes) -> str:
+        name = key.hex()
+        return os.path.join(self._pages_dir, name[:2], name[2:4], name)
+
+    def exists(self, keys: Sequence[bytes]) -> int:
+        self._check_open()
+        check_keys(keys)
+        for count, key in enumerate(keys):
+            if not os.path.exists(self._path(key)):
+                return count
+        return len(keys)
+
+    def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
+        self._check_open()
+        views = check_batch(keys, dst, writable=True)
+        hits = [False] * len(keys)
+        corrupt = 0
+        for i, (key, view) in enumerate(zip(keys, views, strict=True)):
+            read = self._read_page(key, view)
+            if read is None:
+                continue
+            hits[i] = read.verdict is Verdict.OK
+            if hits[i]:
+                self._note_use(key, HEADER_BYTES + len(view))
+            elif read.verdict.corrupt:
+                corrupt += self._drop_damaged(key, read)
+        n_hits = sum(hits)
+        self._counters.record_get(n_hits, len(keys) - n_hits, corrupt)
+        return hits
+
+    def _scratch_view(self, size: int) -> memoryview:
+        """A per-thread buffer of at least ``size`` bytes, reused across calls."""
+        buf: bytearray | None = getattr(self._scratch, "buf", None)
+        if buf is None or len(buf) < size:
+            buf = bytearray(size)
+            self._scratch.buf = buf
+        return memoryview(buf)[:size]
+
+    def _read_page(self, key: bytes, view: memoryview) -> _Read | None:
+        """Check the page file and copy its payload into ``view`` if intact; None if absent."""
+        path = self._path(key)
+        want = HEADER_BYTES + len(view)
+        try:
+            with open(path, "rb", buffering=0) as file:
+                stat = os.fstat(file.fileno())
+                if stat.st_size != want:
+                    header = file.read(HEADER_BYTES)
+                    verdict = check_header(header, key, stat.st_size - HEADER_BYTES, len(view))
+                    return _Read(verdict, stat.st_ino)
+                scratch = self._scratch_view(want)
+                got = _read_exact(file, scratch)
+        except FileNotFoundError:
+            self._forget(key)
+            return None
+        except OSError:
+            logger.warning("could not read page file %s", path, exc_info=True)
+            return None
+        return _Read(copy_verified(scratch[:got], key, view), stat.st_ino)
+
+    def _drop_damaged(self, key: bytes, read: _Read) -> int:
+        """Delete a damaged page file unless a writer replaced it meanwhile; 1 if deleted."""
+        path = self._path(key)
+        try:
+            if os.stat(path).st_ino != read.inode:
+                return 0
+        except FileNotFoundError:
+            return 0
+        logger.warning("deleting damaged page file %s (%s)", path, read.verdict.value)
+        removed = _unlink(path)
+        self._forget(key)
+        return int(removed)
+
+    def _note_use(self, key: bytes, size: int) -> None:
+        with self._lock:
+            if key in self._index:
+                self._index.move_to_end(key)
+                return
+        # Written by another process sharing the directory: start accounting for it.
+        self._counters.record_evictions(self._account(key, size))
+
+    def _forget(self, key: bytes) -> None:
+        with self._lock:
+            size = self._index.pop(key, None)
+            if size is not None:
+                self._bytes_used -= size
+
+    def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
+        self._check_open()
+        views = check_batch(keys, src, writable=False)
+        results: list[bool] = []
+        puts = failures = evictions = 0
+        for key, view in zip(keys, views, strict=True):
+            size = HEADER_BYTES + len(view)
+            path = self._path(key)
+            if len(view) > self._config.max_page_bytes or size > self._config.max_bytes:
+                ok = False
+            elif os.path.exists(path):
+                self._note_use(key, size)
+                ok = True
+            else:
+                ok = self._write_page(path, key, view)
+                puts += ok
+                evictions += self._account(key, size) if ok else 0
+            results.append(ok)
+            failures += not ok
+        self._counters.record_put(puts, failures, evictions)
+        return results
+
+    def _write_page(self, path: str, key: bytes, view: memoryview) -> bool:
+        """Write header+payload to a temp file and rename it to ``path``; False on OSError."""
+        tmp = ""
+        try:
+            directory = os.path.dirname(path)
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=_TMP_PREFIX)
+            try:
+                _write_all(fd, [memoryview(build_header(key, view)), view])
+                if self._config.sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError:
+            logger.warning("could not store page file %s", path, exc_info=True)
+            if tmp:
+                _unlink(tmp)
+            return False
+        return True
+
+    def _account(self, key: bytes, size: int) -> int:
+        """Add a stored page to the index and evict beyond capacity; return evictions."""
+        with self._lock:
+            if key in self._index:
+                self._index.move_to_end(key)
+                return 0
+            self._index[key] = size
+            self._bytes_used += size
+        return self._evict_to(self._config.max_bytes, key)
+
+    def _evict_to(self, limit: int, keep: bytes) -> int:
+        """Remove least-recently-used pages (never ``keep``) until at most ``limit`` bytes."""
+        victims: list[bytes] = []
+        with self._lock:
+            while self._bytes_used > limit and self._index:
+                key, size = next(iter(self._index.items()))
+                if key == keep:
+                    break
+                del self._index[key]
+                self._bytes_used -= size
+                victims.append(key)
+        for key in victims:
+            _unlink(self._path(key))
+        return len(victims)
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        self._check_open()
+        check_keys(keys)
+        removed = 0
+        for key in keys:
+            removed += _unlink(self._path(key))
+            self._forget(key)
+        self._counters.record_deletes(removed)
+        return removed
+
+    def stats(self) -> StorageStats:
+        self._check_open()
+        with self._lock:
+            entries, used = len(self._index), self._bytes_used
+        return self._counters.snapshot(entries, used, self._config.max_bytes)
+
+    def close(self) -> None:
+        self._closed = True

@@ -1,0 +1,394 @@
+"""LmdbBackend: pages in one LMDB environment per store directory (the default backend).
+
+Sub-databases: ``pages`` (key → header+payload), ``lru`` (8-byte big-endian
+access stamp → key, so a cursor's first entry is the least recently used),
+``atime`` (key → its stamp) and ``meta`` (format version, fingerprint, bytes
+used). Size bookkeeping is read and written inside each write transaction, so
+several processes may share one store.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import lmdb
+
+from storage_backends.base import StorageStats
+from storage_backends.batch import check_batch, check_keys
+from storage_backends.config import StorageConfig
+from storage_backends.counters import StatCounters
+from storage_backends.errors import StorageClosedError, StorageOpenError
+from storage_backends.page_format import (
+    HEADER_BYTES,
+    Verdict,
+    copy_verified,
+    encode_page,
+    validate,
+)
+from storage_backends.store_dir import StoreMeta, prepare_store_dir, reconcile_meta
+
+logger = logging.getLogger(__name__)
+
+_META_VERSION = b"format_version"
+_META_FINGERPRINT = b"fingerprint"
+_META_BYTES_USED = b"bytes_used"
+# Recency updates from gets are applied in the next write transaction, or
+# in a transaction of their own once this many have piled up.
+_TOUCH_FLUSH = 4096
+# LMDB rounds large values up to whole pages and needs room for B-tree pages
+# and transaction copies; the map gets this much beyond max_bytes.
+_MIN_HEADROOM = 64 << 20
+
+
+def _u64(value: int) -> bytes:
+    return value.to_bytes(8, "big")
+
+
+def _from_u64(raw: bytes | memoryview) -> int:
+    return int.from_bytes(raw, "big")
+
+
+class _Dbs(NamedTuple):
+    pages: lmdb._Database
+    lru: lmdb._Database
+    atime: lmdb._Database
+    meta: lmdb._Database
+
+
+class _PutResult(enum.Enum):
+    STORED = "stored"
+    PRESENT = "present"
+    REJECTED = "rejected"
+
+
+class _PutOutcome(NamedTuple):
+    results: list[bool]
+    puts: int
+    failures: int
+    evictions: int
+
+
+class _MapFull(Exception):
+    """LMDB ran out of map (or disk) while writing page ``index`` of a batch."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
+
+
+class _Writer:
+    """Page, LRU and size bookkeeping inside one write transaction (opened with buffers=True)."""
+
+    def __init__(self, txn: lmdb.Transaction, dbs: _Dbs) -> None:
+        self._txn = txn
+        self._dbs = dbs
+        used = txn.get(_META_BYTES_USED, db=dbs.meta)
+        self.bytes_used = _from_u64(used) if used is not None else 0
+        cursor = txn.cursor(db=dbs.lru)
+        self._next_stamp = _from_u64(cursor.key()) + 1 if cursor.last() else 0
+        self.evictions = 0
+
+    def has(self, key: bytes) -> bool:
+        return self._txn.get(key, db=self._dbs.pages) is not None
+
+    def _stamp(self, key: bytes) -> None:
+        stamp = _u64(self._next_stamp)
+        self._next_stamp += 1
+        self._txn.put(stamp, key, db=self._dbs.lru)
+        self._txn.put(key, stamp, db=self._dbs.atime)
+
+    def touch(self, key: bytes) -> None:
+        """Make ``key`` the most recently used page (no-op if it is gone)."""
+        old = self._txn.get(key, db=self._dbs.atime)
+        if old is not None:
+            self._txn.delete(bytes(old), db=self._dbs.lru)
+            self._stamp(key)
+
+    def insert(self, key: bytes, value: bytes) -> None:
+        self._txn.put(key, value, db=self._dbs.pages)
+        self._stamp(key)
+        self.bytes_used += len(value)
+
+    def remove(self, key: bytes) -> bool:
+        """Delete a page and its recency entries; False if it was not stored."""
+        value = self._txn.get(key, db=self._dbs.pages)
+        if value is None:
+            return False
+        size = len(value)
+        self._txn.delete(key, db=self._dbs.pages)
+        stamp = self._txn.get(key, db=self._dbs.atime)
+        if stamp is not None:
+            self._txn.delete(bytes(stamp), db=self._dbs.lru)
+            self._txn.delete(key, db=self._dbs.atime)
+        self.bytes_used = max(0, self.bytes_used - size)
+        return True
+
+    def evict_until(self, limit: int) -> None:
+        """Remove least-recently-used pages until at most ``limit`` bytes are used."""
+        cursor = self._txn.cursor(db=self._dbs.lru)
+        while self.bytes_used > limit and cursor.first():
+            key = bytes(cursor.value())
+            if self.remove(key):
+                self.evictions += 1
+            else:
+                # A stamp without a page: drop it so the loop advances.
+                cursor.delete()
+                self._txn.delete(key, db=self._dbs.atime)
+
+    def finish(self) -> None:
+        self._txn.put(_META_BYTES_USED, _u64(self.bytes_used), db=self._dbs.meta)
+
+
+def _open_env(path: Path, config: StorageConfig) -> lmdb.Environment:
+    map_size = config.map_size or config.max_bytes + max(config.max_bytes // 4, _MIN_HEADROOM)
+    try:
+        # metasync=False keeps commits atomic and consistent and halves the fsyncs.
+        return lmdb.open(
+            str(path),
+            map_size=map_size,
+            subdir=True,
+            max_dbs=4,
+            metasync=False,
+            sync=config.sync,
+            max_spare_txns=4,
+        )
+    except lmdb.Error as exc:
+        raise StorageOpenError(f"storage.path {path}: cannot open LMDB store: {exc}") from exc
+
+
+class LmdbBackend:
+    """Pages in LMDB with LRU eviction at ``max_bytes``; see the module docstring for layout.
+
+    Reads are zero-copy: each get batch runs in one read transaction, checks
+    the page in the memory map and copies the payload straight into ``dst``.
+    Write transactions are serialised by a lock held only around them. One
+    LmdbBackend per directory per process (an LMDB rule).
+    """
+
+    def __init__(self, config: StorageConfig) -> None:
+        self._config = config
+        self._env = _open_env(prepare_store_dir(config), config)
+        try:
+            names = (b"pages", b"lru", b"atime", b"meta")
+            self._dbs = _Dbs(*(self._env.open_db(name) for name in names))
+            self._init_meta()
+        except lmdb.Error as exc:
+            self._env.close()
+            raise StorageOpenError(f"storage.path {config.path}: {exc}") from exc
+        except BaseException:
+            self._env.close()
+            raise
+        self._write_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._touched: OrderedDict[bytes, None] = OrderedDict()
+        self._counters = StatCounters()
+        self._closed = False
+
+    def _init_meta(self) -> None:
+        with self._env.begin(write=True, db=self._dbs.meta) as txn:
+            version = txn.get(_META_VERSION)
+            stored = None
+            if version is not None:
+                stored = StoreMeta(_from_u64(version), txn.get(_META_FINGERPRINT, b"").decode())
+            meta = reconcile_meta(stored, self._config)
+            txn.put(_META_VERSION, _u64(meta.format_version))
+            txn.put(_META_FINGERPRINT, meta.fingerprint.encode())
+            if txn.get(_META_BYTES_USED) is None:
+                txn.put(_META_BYTES_USED, _u64(0))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageClosedError("LmdbBackend is closed")
+
+    def exists(self, keys: Sequence[bytes]) -> int:
+        self._check_open()
+        check_keys(keys)
+        with self._env.begin(db=self._dbs.pages, buffers=True) as txn:
+            for count, key in enumerate(keys):
+                if txn.get(key) is None:
+                    return count
+        return len(keys)
+
+    def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
+        self._check_open()
+        views = check_batch(keys, dst, writable=True)
+        hits = [False] * len(keys)
+        damaged: list[bytes] = []
+        with self._env.begin(db=self._dbs.pages, buffers=True) as txn:
+            for i, (key, view) in enumerate(zip(keys, views, strict=True)):
+                blob = txn.get(key)
+                if blob is None:
+                    continue
+                verdict = copy_verified(blob, key, view)
+                hits[i] = verdict is Verdict.OK
+                if verdict.corrupt:
+                    damaged.append(key)
+        corrupt = self._drop_damaged(damaged) if damaged else 0
+        n_hits = sum(hits)
+        self._counters.record_get(n_hits, len(keys) - n_hits, corrupt)
+        self._touch([key for key, hit in zip(keys, hits, strict=True) if hit])
+        return hits
+
+    def _drop_damaged(self, keys: list[bytes]) -> int:
+        """Delete pages found damaged (re-checked under the write lock); return how many."""
+        dropped = 0
+        try:
+            with self._write_lock, self._env.begin(write=True, buffers=True) as txn:
+                writer = _Writer(txn, self._dbs)
+                for key in keys:
+                    blob = txn.get(key, db=self._dbs.pages)
+                    if blob is not None and validate(blob, key, None).corrupt:
+                        dropped += writer.remove(key)
+                writer.finish()
+        except lmdb.Error:
+            logger.exception("could not delete %d damaged pages", len(keys))
+            return 0
+        logger.warning("deleted %d damaged pages from %s", dropped, self._config.path)
+        return dropped
+
+    def _touch(self, keys: list[bytes]) -> None:
+        """Queue recency updates; flush them now only if many are pending and no write runs."""
+        if not keys:
+            return
+        with self._lock:
+            for key in keys:
+                self._touched[key] = None
+                self._touched.move_to_end(key)
+            pending = len(self._touched)
+        if pending >= _TOUCH_FLUSH and self._write_lock.acquire(blocking=False):
+            try:
+                self._flush_touches()
+            finally:
+                self._write_lock.release()
+
+    def _take_touched(self) -> list[bytes]:
+        with self._lock:
+            keys = list(self._touched)
+            self._touched.clear()
+        return keys
+
+    def _flush_touches(self) -> None:
+        """Apply queued recency updates; the caller holds the write lock."""
+        keys = self._take_touched()
+        if not keys:
+            return
+        try:
+            with self._env.begin(write=True, buffers=True) as txn:
+                writer = _Writer(txn, self._dbs)
+                for key in keys:
+                    writer.touch(key)
+                writer.finish()
+        except lmdb.Error:
+            logger.exception("dropped %d recency updates", len(keys))
+
+    def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
+        self._check_open()
+        views = check_batch(keys, src, writable=False)
+        with self._write_lock:
+            self._check_open()
+            outcome = self._write_with_retry(self._take_touched(), keys, views)
+        self._counters.record_put(outcome.puts, outcome.failures, outcome.evictions)
+        return outcome.results
+
+    def _write_with_retry(
+        self, touched: list[bytes], keys: Sequence[bytes], views: list[memoryview]
+    ) -> _PutOutcome:
+        """Write the batch; when the map is full, commit the prefix that fit and fail the rest."""
+        limit = len(keys)
+        while True:
+            try:
+                done = self._write_batch(touched, keys[:limit], views[:limit])
+                break
+            except _MapFull as full:
+                # Always shrink, so a store too full even for bookkeeping still terminates.
+                limit = full.index if full.index < limit else limit - 1
+                logger.warning(
+                    "LMDB store %s is full; %d pages not stored",
+                    self._config.path,
+                    len(keys) - max(limit, 0),
+                )
+                if limit < 0:
+                    done = _PutOutcome([], 0, 0, 0)
+                    limit = 0
+                    break
+            except lmdb.Error:
+                logger.exception("LMDB write of %d pages failed", limit)
+                done = _PutOutcome([], 0, 0, 0)
+                limit = 0
+                break
+        unstored = len(keys) - limit
+        return done._replace(
+            results=done.results + [False] * unstored, failures=done.failures + unstored
+        )
+
+    def _write_batch(
+        self, touched: list[bytes], keys: Sequence[bytes], views: list[memoryview]
+    ) -> _PutOutcome:
+        """One write transaction: queued touches, then the pages; raises _MapFull(index)."""
+        done: list[_PutResult] = []
+        with self._env.begin(write=True, buffers=True) as txn:
+            writer = _Writer(txn, self._dbs)
+            for key in touched:
+                writer.touch(key)
+            for i, (key, view) in enumerate(zip(keys, views, strict=True)):
+                try:
+                    done.append(self._put_one(writer, key, view))
+                except lmdb.MapFullError as exc:
+                    raise _MapFull(i) from exc
+            try:
+                writer.finish()
+            except lmdb.MapFullError as exc:
+                raise _MapFull(len(keys)) from exc
+        return _PutOutcome(
+            results=[result is not _PutResult.REJECTED for result in done],
+            puts=done.count(_PutResult.STORED),
+            failures=done.count(_PutResult.REJECTED),
+            evictions=writer.evictions,
+        )
+
+    def _put_one(self, writer: _Writer, key: bytes, view: memoryview) -> _PutResult:
+        if writer.has(key):
+            writer.touch(key)
+            return _PutResult.PRESENT
+        size = HEADER_BYTES + len(view)
+        if len(view) > self._config.max_page_bytes or size > self._config.max_bytes:
+            return _PutResult.REJECTED
+        writer.evict_until(self._config.max_bytes - size)
+        writer.insert(key, encode_page(key, view))
+        return _PutResult.STORED
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        self._check_open()
+        check_keys(keys)
+        try:
+            with self._write_lock, self._env.begin(write=True, buffers=True) as txn:
+                writer = _Writer(txn, self._dbs)
+                removed = sum(writer.remove(key) for key in keys)
+                writer.finish()
+        except lmdb.Error:
+            logger.exception("LMDB delete of %d pages failed", len(keys))
+            return 0
+        self._counters.record_deletes(removed)
+        return removed
+
+    def stats(self) -> StorageStats:
+        self._check_open()
+        with self._env.begin(buffers=True) as txn:
+            entries = txn.stat(self._dbs.pages)["entries"]
+            used = txn.get(_META_BYTES_USED, db=self._dbs.meta)
+            bytes_used = _from_u64(used) if used is not None else 0
+        return self._counters.snapshot(entries, bytes_used, self._config.max_bytes)
+
+    def close(self) -> None:
+        with self._write_lock:
+            if self._closed:
+                return
+            self._flush_touches()
+            self._closed = True
+            self._env.close()
