@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from types import MappingProxyType
 
 from storage_backends.base import StorageBackend
@@ -31,5 +32,7 @@ def create(name: str, config: StorageConfig) -> StorageBackend:
     if target is None:
         raise ValueError(f"unknown storage backend {name!r}; known: {sorted(FACTORIES)}")
     module_name, class_name = target.split(":")
-    cls: type[StorageBackend] = getattr(importlib.import_module(module_name), class_name)
-    return cls(config)
+    factory: Callable[[StorageConfig], StorageBackend] = getattr(
+        importlib.import_module(module_name), class_name
+    )
+    return factory(config)

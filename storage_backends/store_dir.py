@@ -30,7 +30,9 @@ def prepare_store_dir(config: StorageConfig) -> Path:
         raise StorageOpenError("storage.path is empty; a directory is required")
     path = Path(config.path)
     if not path.parent.is_dir():
-        raise StorageOpenError(f"storage.path {path}: parent directory {path.parent} is missing")
+        raise StorageOpenError(
+            f"storage.path {path}: parent directory {path.parent} is missing or not a directory"
+        )
     try:
         path.mkdir(exist_ok=True)
     except OSError as exc:
