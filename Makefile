@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/hicache bench tree --config $(CONFIG)
+	$(VENV)/bin/hicache bench tiering --config $(CONFIG)
 
 test: $(STAMP) lint
 	$(PY) -m pytest

@@ -17,8 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark")
-    _add_config_flags(bench)
-    add_parsers(bench.add_subparsers(dest="bench", required=True))
+    add_parsers(bench.add_subparsers(dest="bench", required=True), _add_config_flags)
     return parser
 
 

@@ -184,6 +184,10 @@ class CacheConfig:
     events: EventsConfig = field(default_factory=EventsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
+    def __post_init__(self) -> None:
+        if self.storage.enabled and not self.host.enabled:
+            raise ValueError("storage: the storage tier needs the host tier (host.enabled)")
+
     @classmethod
     def from_toml(
         cls, path: str | Path, overrides: Mapping[str, Scalar] | None = None

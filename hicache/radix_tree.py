@@ -10,7 +10,7 @@ of their first page, which hash faster than tuples of ints.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -123,10 +123,14 @@ class RadixTree:
     never share a node. Not thread-safe: the owner thread only.
     """
 
-    def __init__(self, page_size: int) -> None:
+    def __init__(
+        self, page_size: int, on_split: Callable[[TreeNode, TreeNode], None] | None = None
+    ) -> None:
+        """``on_split(upper, lower)`` is called after a node is split in two."""
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
+        self._on_split = on_split
         self._ids = 0
         self._clock = 0
         self.root = TreeNode(self, array("i"), None)
@@ -208,6 +212,8 @@ class RadixTree:
         node.key = node.key[at:]
         node.parent = upper
         upper.children[self.child_key(upper, node.key, 0, node.namespace)] = node
+        if self._on_split is not None:
+            self._on_split(upper, node)
         return upper
 
     def add_child(self, parent: TreeNode, key: Key, namespace: str | None) -> TreeNode:

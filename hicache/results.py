@@ -53,3 +53,36 @@ class EvictResult(NamedTuple):
     freed: int
     demoted: int
     deleted: int
+
+
+class LoadBackResult(NamedTuple):
+    """``init_load_back``: device slots now assigned to the loaded host nodes (in
+    prefix order, appended after the match's ``device_indices``), the deepest
+    node now on device, and how many tokens are being loaded (0 = nothing)."""
+
+    device_indices: torch.Tensor
+    last_node: TreeNode
+    loaded_tokens: int
+
+
+class PollResult(NamedTuple):
+    """Completions applied by one ``poll()``."""
+
+    backups: int
+    loads: int
+    failures: int
+
+    @property
+    def total(self) -> int:
+        return self.backups + self.loads + self.failures
+
+
+class PrefetchStatus(NamedTuple):
+    """``check_prefetch``: may the request proceed (``ready``, per the prefetch
+    policy), has the fetch finished and been inserted (``done``), and how many
+    tokens were fetched out of how many asked for."""
+
+    ready: bool
+    done: bool
+    fetched_tokens: int
+    total_tokens: int

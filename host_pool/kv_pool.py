@@ -52,11 +52,12 @@ class HostKVPool:
         self._shape = shape
         self._page_size = page_size
         self._layout = layout
-        self.allocator = PagedAllocator(num_tokens // page_size * page_size, page_size)
-        self._size = self.allocator.capacity
-        self._num_pages = self._size // page_size
+        self._num_pages = num_tokens // page_size
+        self._size = self._num_pages * page_size
         dims = self._tensor_shape()
+        # Checked before the allocator too: its free list is itself O(pages) memory.
         check_host_memory(_numel(dims) * shape.element_size, reserve_bytes)
+        self.allocator = PagedAllocator(self._size, page_size)
         self._data = allocate_host(dims, shape.dtype, pin_memory)
 
     def _tensor_shape(self) -> tuple[int, ...]:
@@ -127,7 +128,9 @@ class HostKVPool:
         pages, offsets = slots // self._page_size, slots % self._page_size
         return tuple(view[pages, offsets] for view in self.layer_pages(layer))
 
-    def write_layer(self, layer: int, slots: torch.Tensor, values: tuple[torch.Tensor, ...]) -> None:
+    def write_layer(
+        self, layer: int, slots: torch.Tensor, values: tuple[torch.Tensor, ...]
+    ) -> None:
         """Write one ``[n, *token_shape]`` value per buffer of ``layer`` at ``slots``."""
         self._check_slots(slots)
         if len(values) != self._shape.kv_per_layer:

@@ -34,7 +34,9 @@ class PageSink:
 def whole_pages(slots: torch.Tensor, page_size: int, capacity: int) -> torch.Tensor:
     """Page indices of ``slots``, which must list whole pages in order; ValueError otherwise."""
     if slots.dtype != torch.int64 or slots.dim() != 1:
-        raise ValueError(f"slots must be a 1-D int64 tensor, got {slots.dtype} {tuple(slots.shape)}")
+        raise ValueError(
+            f"slots must be a 1-D int64 tensor, got {slots.dtype} {tuple(slots.shape)}"
+        )
     if slots.numel() % page_size:
         raise ValueError(f"{slots.numel()} slots do not form whole pages of {page_size}")
     if slots.numel() == 0:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from hicache.bench.trace import MultiTurnSpec, TraceRequest, multiturn
+from hicache.bench.workloads import MultiTurnSpec, TraceRequest, multiturn
 from hicache.cache import HiRadixCache
 from hicache.config import CacheConfig, HostConfig, ModelConfig
 from storage_backends import StorageConfig

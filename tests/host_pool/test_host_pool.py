@@ -14,8 +14,15 @@ LAYOUTS = ["layer_first", "page_first"]
 
 def make_shape(attention: str, dtype: torch.dtype) -> KVShape:
     if attention == "mla":
-        return KVShape(num_layers=3, kv_heads=1, head_dim=1, dtype=dtype, attention="mla",
-                       kv_lora_rank=8, rope_dim=4)
+        return KVShape(
+            num_layers=3,
+            kv_heads=1,
+            head_dim=1,
+            dtype=dtype,
+            attention="mla",
+            kv_lora_rank=8,
+            rope_dim=4,
+        )
     return KVShape(num_layers=3, kv_heads=2, head_dim=4, dtype=dtype)
 
 
@@ -56,19 +63,20 @@ def test_write_read_round_trip(layout: str, attention: str, dtype: torch.dtype, 
 @pytest.mark.parametrize("attention", ["mha", "mla"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("page_size", [1, 16, 64])
-@pytest.mark.parametrize("src_layout,dst_layout", [("layer_first", "page_first"),
-                                                   ("page_first", "layer_first"),
-                                                   ("layer_first", "layer_first")])
+@pytest.mark.parametrize(
+    "src_layout,dst_layout",
+    [("layer_first", "page_first"), ("page_first", "layer_first"), ("layer_first", "layer_first")],
+)
 def test_page_bytes_move_between_layouts(
     attention: str, dtype: torch.dtype, page_size: int, src_layout: str, dst_layout: str
 ):
     shape = make_shape(attention, dtype)
     src = HostKVPool(shape, 4 * page_size, page_size, layout=src_layout, reserve_bytes=0)
     dst = HostKVPool(shape, 4 * page_size, page_size, layout=dst_layout, reserve_bytes=0)
-    src_slots = torch.cat([torch.arange(2 * page_size, 3 * page_size),
-                           torch.arange(0, page_size)])
-    dst_slots = torch.cat([torch.arange(3 * page_size, 4 * page_size),
-                           torch.arange(page_size, 2 * page_size)])
+    src_slots = torch.cat([torch.arange(2 * page_size, 3 * page_size), torch.arange(0, page_size)])
+    dst_slots = torch.cat(
+        [torch.arange(3 * page_size, 4 * page_size), torch.arange(page_size, 2 * page_size)]
+    )
     written = fill(src, src_slots, seed=2)
     views = src.page_bytes(src_slots)
     assert len(views) == 2 and all(v.readonly and v.nbytes == src.page_nbytes for v in views)
@@ -112,8 +120,13 @@ def test_page_first_page_bytes_is_zero_copy():
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_page_io_rejects_partial_pages(layout: str):
     pool = HostKVPool(make_shape("mha", torch.float16), 64, 16, layout=layout, reserve_bytes=0)
-    for bad in (torch.arange(0, 8), torch.arange(8, 24), torch.arange(16, 32).flip(0),
-                torch.arange(64, 80), torch.arange(0, 16, dtype=torch.int32)):
+    for bad in (
+        torch.arange(0, 8),
+        torch.arange(8, 24),
+        torch.arange(16, 32).flip(0),
+        torch.arange(64, 80),
+        torch.arange(0, 16, dtype=torch.int32),
+    ):
         with pytest.raises(ValueError):
             pool.page_bytes(bad)
         with pytest.raises(ValueError):

@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import struct
+import urllib.request
+from dataclasses import replace
+
+import zmq
+
+from hicache.cache import HiRadixCache
+from hicache.config import EventsConfig
+from hicache.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    ZmqEventPublisher,
+    decode_batch,
+)
+from hicache.metrics import CacheStats
+from hicache.prometheus import Gauges, MetricsServer
+from tests.hicache.helpers import serve, two_tier
+
+
+def seq(tag: int, n: int) -> list[int]:
+    return [tag * 1000 + i for i in range(n)]
+
+
+def with_events(page_size: int = 4, pages: int = 16) -> HiRadixCache:
+    base = two_tier(page_size, pages=pages)
+    cfg = replace(base.config, events=EventsConfig(endpoint="tcp://127.0.0.1:*"))
+    base.close()
+    return HiRadixCache(cfg)
+
+
+class Receiver:
+    """Reads every batch published so far, checking topic and sequence framing."""
+
+    def __init__(self, sub: zmq.Socket, pub: ZmqEventPublisher) -> None:
+        self.sub, self.pub, self.expected = sub, pub, 0
+
+    def receive(self) -> list[object]:
+        events: list[object] = []
+        while self.expected < self.pub.sequence:
+            assert self.sub.poll(5000), "no KV event batch arrived"
+            topic, seq_frame, payload = self.sub.recv_multipart()
+            assert topic == b"kv-events"
+            assert struct.unpack(">Q", seq_frame)[0] == self.expected
+            self.expected += 1
+            events.extend(decode_batch(payload))
+        return events
+
+
+def device_pages_from_events(events: list[object]) -> set[bytes]:
+    pages: set[bytes] = set()
+    for e in events:
+        if isinstance(e, BlockStored) and e.medium == "device":
+            pages.update(e.block_hashes)
+        elif isinstance(e, BlockRemoved) and e.medium == "device":
+            pages.difference_update(e.block_hashes)
+        elif isinstance(e, AllBlocksCleared):
+            pages.clear()
+    return pages
+
+
+def device_pages_of_tree(cache: HiRadixCache) -> set[bytes]:
+    return {k for n in cache.tree.nodes() if n.device is not None for k in cache.node_page_keys(n)}
+
+
+def test_subscriber_rebuilds_device_pages_from_events() -> None:
+    cache = with_events(page_size=4, pages=16)
+    pub = cache.events
+    assert isinstance(pub, ZmqEventPublisher)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.connect(pub.endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+    assert pub.wait_for_subscriber(5.0)
+    receiver = Receiver(sub, pub)
+    seen: list[object] = []
+    for step, s in enumerate([seq(1, 16), seq(2, 24), [*seq(1, 8), *seq(3, 8)], seq(1, 16)]):
+        serve(cache, s)
+        cache.drain()
+        if step == 1:
+            cache.evict(20)  # demotions and deletions
+            cache.poll()
+        seen.extend(receiver.receive())
+        assert device_pages_from_events(seen) == device_pages_of_tree(cache)
+    media = {e.medium for e in seen if isinstance(e, BlockStored)}
+    assert {"device", "host"} <= media
+    cache.reset()
+    seen.extend(receiver.receive())
+    assert device_pages_from_events(seen) == set()
+    sub.close(0)
+    ctx.term()
+    cache.close()
+
+
+def test_stats_count_hits_per_tier_and_bytes() -> None:
+    cache = two_tier(4, pages=16)
+    a = seq(1, 16)
+    serve(cache, a[:8])
+    serve(cache, a)  # two nodes: 8 + 8 tokens
+    cache.drain()
+    cache.evict(8)  # the leaf goes to host
+    serve(cache, a)
+    cache.drain()
+    stats = cache.stats()
+    assert isinstance(stats, CacheStats)
+    assert stats.hit_tokens_device == 16 and stats.hit_tokens_host == 8  # 8 + 8 on device
+    assert stats.bytes_d2h > 0 and stats.bytes_h2d > 0
+    assert stats.demoted_tokens_device == 8
+    assert stats.as_dict()["requests"] == 3
+    cache.close()
+
+
+def test_prometheus_endpoint_serves_counters() -> None:
+    stats = CacheStats(hit_tokens_device=42)
+    server = MetricsServer("127.0.0.1", 0, lambda: stats, lambda: Gauges(7, 3, 1))
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+    finally:
+        server.close()
+    assert "hicache_hit_tokens_device_total 42.0" in body
+    assert "hicache_device_tokens 7.0" in body

@@ -1,0 +1,75 @@
+"""KV blocks as byte rows of numpy arrays, and a cache-friendly scattered row copy."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from transfer.plan import CopyPlan
+
+# Gathered rows are staged in a buffer this size: small enough to stay in the
+# last-level cache until they are scattered, large enough that each numpy call
+# (which releases the GIL) is long enough for two workers to overlap.
+SCRATCH_BYTES = 2 << 20
+
+
+class Rows(NamedTuple):
+    """``array[index]`` selects the plan's blocks, one byte row each."""
+
+    array: np.ndarray
+    index: tuple[np.ndarray, ...]
+
+
+def as_bytes(t: torch.Tensor) -> np.ndarray:
+    """A numpy uint8 view of a CPU tensor whose last dim is contiguous (no copy)."""
+    return t.view(torch.uint8).numpy()
+
+
+def device_rows(buf: torch.Tensor, plan: CopyPlan) -> Rows:
+    """Rows of a ``[size, *token_shape]`` device buffer, one per plan block."""
+    rows = buf.view(buf.shape[0] // plan.block_tokens, -1)
+    return Rows(as_bytes(rows), (plan.device_blocks.numpy(),))
+
+
+def host_rows(pages: torch.Tensor, plan: CopyPlan) -> Rows:
+    """Rows of a host ``[num_pages, page_size, *token_shape]`` view, one per plan block."""
+    per_page = pages.shape[1] // plan.block_tokens
+    blocks = pages.view(pages.shape[0], per_page, -1)
+    if per_page == 1:
+        return Rows(as_bytes(blocks[:, 0]), (plan.host_pages.numpy(),))
+    if blocks.is_contiguous():
+        flat = blocks.view(-1, blocks.shape[2])
+        return Rows(as_bytes(flat), ((plan.host_pages * per_page + plan.host_offsets).numpy(),))
+    return Rows(as_bytes(blocks), (plan.host_pages.numpy(), plan.host_offsets.numpy()))
+
+
+def copy_rows(dst: Rows, src: Rows, scratch_bytes: int = SCRATCH_BYTES) -> None:
+    """``dst.array[dst.index] = src.array[src.index]``, in L2-sized chunks.
+
+    numpy's fancy get/set copy whole rows with memcpy and release the GIL,
+    so several workers copy in parallel. Indices must already be in range.
+    """
+    n = len(src.index[0])
+    if n == 0:
+        return
+    row_bytes = src.array.shape[-1]
+    chunk = max(1, scratch_bytes // row_bytes)
+    scratch = np.empty((min(chunk, n), row_bytes), dtype=np.uint8)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        part = scratch[: hi - lo]
+        gather_rows(src.array, tuple(i[lo:hi] for i in src.index), part)
+        dst.array[tuple(i[lo:hi] for i in dst.index)] = part
+
+
+def gather_rows(array: np.ndarray, index: tuple[np.ndarray, ...], out: np.ndarray) -> None:
+    """``out[:] = array[index]`` without a temporary where numpy allows it."""
+    if len(index) == 1 and array.flags.c_contiguous:
+        # mode="clip" lets take() write into ``out`` directly ("raise" buffers);
+        # indices were range-checked when the plan was made. take() would copy
+        # a strided array whole first, hence the contiguity test.
+        np.take(array, index[0], axis=0, out=out, mode="clip")
+    else:
+        out[...] = array[index]
