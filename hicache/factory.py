@@ -45,6 +45,11 @@ def build_transfer(
         backend = "cuda" if device_pool.device.type == "cuda" else "cpu"
     if backend == "cuda" and not torch.cuda.is_available():
         raise ValueError("transfer.backend = 'cuda' but CUDA is not available")
+    io_backend = "kernel" if config.transfer.io_backend == "kernel" else "direct"
     return create_transfer_engine(
-        device_pool, host_pool, backend=backend, num_workers=config.transfer.workers
+        device_pool,
+        host_pool,
+        backend=backend,
+        num_workers=config.transfer.workers,
+        io_backend=io_backend,
     )

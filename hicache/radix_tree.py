@@ -19,6 +19,7 @@ import torch
 MAX_TOKEN_ID = 2**31 - 1
 Key = array  # array('i') of token ids
 ChildKey = bytes | tuple[str | None, bytes]
+Tokens = Sequence[int] | torch.Tensor  # what callers may pass as token ids
 
 
 class TreeNode:

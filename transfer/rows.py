@@ -56,6 +56,13 @@ def copy_rows(dst: Rows, src: Rows, scratch_bytes: int = SCRATCH_BYTES) -> None:
         return
     row_bytes = src.array.shape[-1]
     chunk = max(1, scratch_bytes // row_bytes)
+    if len(src.index) > 1 or not src.array.flags.c_contiguous:
+        # No take() here: a fancy get makes the chunk's temporary itself.
+        for lo in range(0, n, chunk):
+            hi = min(n, lo + chunk)
+            src_part = src.array[tuple(i[lo:hi] for i in src.index)]
+            dst.array[tuple(i[lo:hi] for i in dst.index)] = src_part
+        return
     scratch = np.empty((min(chunk, n), row_bytes), dtype=np.uint8)
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)

@@ -1,0 +1,231 @@
+"""The host tier in HiRadixCache: backups (D2H), load-back (H2D), completions."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from hicache.cache_state import CacheError, CacheState, empty_slots
+from hicache.radix_tree import TreeNode
+from hicache.results import (
+    LoadBackResult,
+    PollResult,
+)
+from transfer import Completion, TransferEngine, TransferOp
+
+logger = logging.getLogger("hicache.cache")
+
+
+class HostTierMixin(CacheState):
+    """HiRadixCache's host-tier flows (owner thread only; see HiRadixCache)."""
+
+    def _transfer(self) -> TransferEngine:
+        if self.transfer is None:
+            raise CacheError("the host tier is disabled")
+        return self.transfer
+
+    def _alloc_host(self, num_tokens: int) -> torch.Tensor | None:
+        assert self.host_pool is not None
+        alloc = self.host_pool.allocator
+        if alloc.available() < num_tokens:
+            self.evict_host(num_tokens - alloc.available())
+        return alloc.alloc(num_tokens)
+
+    def _maybe_selective_backup(self, node: TreeNode) -> None:
+        if (
+            self._policy.write_policy == "write_through_selective"
+            and node.host is None
+            and node.backup_op is None
+            and node.hit_count >= self._policy.write_through_threshold
+        ):
+            self._backup(node)
+
+    def _backup(self, node: TreeNode) -> int | None:
+        """Start a D2H copy of ``node``; it stays locked until the ack. None
+        (and the node stays device-only) when the host tier is off or full."""
+        if self.host_pool is None or node.device is None or node.host is not None:
+            return None
+        host = self._alloc_host(len(node.key))
+        if host is None:
+            logger.debug("host tier full: %r stays device-only", node)
+            return None
+        node.host = host
+        self.inc_lock_ref(node)
+        op = self._transfer().submit(TransferOp("d2h", node.device, host))
+        node.backup_op = op
+        self._backups[op] = node
+        return op
+
+    def init_load_back(self, last_host_node: TreeNode, host_hit_length: int) -> LoadBackResult:
+        """Bring the host-only nodes above ``last_host_node`` back to device.
+
+        Allocates device slots (evicting if needed) and queues the H2D copy;
+        ``start_loading()`` launches it and ``wait_layer(i)`` gates attention.
+        The nodes are locked until the copy lands; lock ``result.last_node``
+        for the request as after a match. Loads below
+        ``policy.load_back_threshold`` tokens, or that cannot get device slots,
+        load nothing (``loaded_tokens == 0``).
+        """
+        self._check_node(last_host_node, locked=False)
+        chain = self._host_chain(last_host_node)
+        total = sum(len(n.key) for n in chain)
+        anchor = chain[0].parent if chain else last_host_node
+        assert anchor is not None
+        if total == 0 or total < max(self._policy.load_back_threshold, 1) or host_hit_length <= 0:
+            return LoadBackResult(empty_slots(), anchor, 0)
+        slots = self._alloc_for_load(anchor, chain, total)
+        if slots is None:
+            return LoadBackResult(empty_slots(), anchor, 0)
+        return self._queue_load(chain, slots)
+
+    def _host_chain(self, node: TreeNode) -> list[TreeNode]:
+        """Host-only nodes from the first below the device prefix down to ``node``."""
+        chain: list[TreeNode] = []
+        while node is not self.tree.root and node.device is None:
+            chain.append(node)
+            assert node.parent is not None
+            node = node.parent
+        return chain[::-1]
+
+    def _alloc_for_load(
+        self, anchor: TreeNode, chain: list[TreeNode], total: int
+    ) -> torch.Tensor | None:
+        # Pin what we stand on: the device prefix against eviction and the host
+        # copies against host eviction, while allocation evicts to make room.
+        self.inc_lock_ref(anchor)
+        for node in chain:
+            node.host_ref += 1
+        try:
+            return self._alloc_tree_slots(total)
+        finally:
+            for node in chain:
+                node.host_ref -= 1
+            self.dec_lock_ref(anchor)
+
+    def _alloc_tree_slots(self, num_tokens: int) -> torch.Tensor | None:
+        """Device slots, evicting as needed. Nodes whose backup is in flight are
+        locked; when only they stand in the way, wait for their acks and retry
+        rather than fail an allocation that is about to become possible."""
+        alloc = self.device_pool.allocator
+        if alloc.available() < num_tokens:
+            self.evict(num_tokens - alloc.available())
+        if alloc.available() < num_tokens and self._backups:
+            for op in list(self._backups):
+                if op in self._backups:
+                    self._apply(self._transfer().wait(op))
+            self.evict(num_tokens - alloc.available())
+        return alloc.alloc(num_tokens)
+
+    def _queue_load(self, chain: list[TreeNode], slots: torch.Tensor) -> LoadBackResult:
+        pos = 0
+        for node in chain:
+            node.device = slots[pos : pos + len(node.key)]
+            pos += len(node.key)
+            self._add_device_tokens(node)
+            self._on_new_device_node(node)
+        last = chain[-1]
+        self.inc_lock_ref(last)
+        hosts = torch.cat([n.host for n in chain if n.host is not None])
+        op = self._transfer().submit(TransferOp("h2d", slots, hosts))
+        for node in chain:
+            node.load_op = op
+        self._loads[op] = last
+        return LoadBackResult(slots.clone(), last, int(slots.numel()))
+
+    def start_loading(self) -> None:
+        """Launch every queued load-back, layer by layer."""
+        if self.transfer is not None:
+            self.transfer.start_loading()
+
+    def wait_layer(self, layer: int) -> None:
+        """Block until layer ``layer`` of the launched loads is on device."""
+        if self.transfer is not None:
+            self.transfer.wait_layer(layer)
+
+    def poll(self) -> PollResult:
+        """Apply finished transfers and storage I/O. Call on every scheduler tick."""
+        if self.transfer is None:
+            return PollResult(0, 0, 0)
+        counts = [0, 0, 0]
+        for done in self.transfer.poll():
+            counts[self._apply(done)] += 1
+        if self.storage is not None:
+            for job in self.storage.poll():
+                self._apply_storage(job)
+        self._retire_bad_device()
+        if self.events is not None:
+            self.events.flush()
+        return PollResult(*counts)
+
+    def drain(self) -> None:
+        """Launch queued loads and wait until every transfer and storage job
+        has been applied (storage puts started by the backups included)."""
+        if self.transfer is None:
+            return
+        self.transfer.start_loading()
+        for op in list(self._backups) + list(self._loads):
+            if op in self._backups or op in self._loads:
+                self._apply(self.transfer.wait(op))
+        if self.storage is not None:
+            for job_id in list(self._puts) + list(self._prefetch_jobs):
+                if job_id in self._puts or job_id in self._prefetch_jobs:
+                    self._apply_storage(self.storage.wait(job_id))
+        self.poll()
+
+    def _apply(self, done: Completion) -> int:
+        """Apply one completion; returns 0 backup, 1 load, 2 failure."""
+        if done.op_id in self._backups:
+            return self._finish_backup(self._backups.pop(done.op_id), done)
+        if done.op_id in self._loads:
+            return self._finish_load(self._loads.pop(done.op_id), done)
+        logger.warning("completion for unknown transfer op %d", done.op_id)
+        return 2
+
+    def _op_nodes(self, node: TreeNode, attr: str, op: int) -> list[TreeNode]:
+        """``node`` and the ancestors split off it that share transfer ``op``."""
+        nodes = []
+        cur: TreeNode | None = node
+        while cur is not None and cur is not self.tree.root and getattr(cur, attr) == op:
+            nodes.append(cur)
+            cur = cur.parent
+        return nodes
+
+    def _finish_backup(self, node: TreeNode, done: Completion) -> int:
+        self.metrics.record_transfer("d2h", done.nbytes, done.ok)
+        nodes = self._op_nodes(node, "backup_op", done.op_id)
+        for n in nodes:
+            n.backup_op = None
+            if not done.ok and n.host is not None:
+                assert self.host_pool is not None
+                self.host_pool.allocator.free(n.host)
+                n.host = None
+        self.dec_lock_ref(node)
+        if not done.ok:
+            logger.warning("backup of %r failed: %s", node, done.error)
+            return 2
+        for n in nodes:
+            self._emit_stored(n, "host")
+            self._store(n)
+        return 0
+
+    def _finish_load(self, node: TreeNode, done: Completion) -> int:
+        self.metrics.record_transfer("h2d", done.nbytes, done.ok)
+        nodes = self._op_nodes(node, "load_op", done.op_id)
+        for n in nodes:
+            n.load_op = None
+            if done.ok:
+                self._emit_stored(n, "device")
+        if not done.ok:
+            logger.warning("load-back of %r failed: %s", node, done.error)
+            self._bad_device.update(nodes)
+        self.dec_lock_ref(node)
+        return 1 if done.ok else 2
+
+    def _retire_bad_device(self) -> None:
+        """Drop device copies from failed loads once nobody holds them."""
+        self._bad_device = {n for n in self._bad_device if n.tree is self.tree}
+        depth = {n: sum(1 for _ in self.tree.path_to_root(n)) for n in self._bad_device}
+        for node in sorted(self._bad_device, key=lambda n: -depth[n]):
+            if node.lock_ref == 0 and not node.has_device_child():
+                self._drop_device(node)
