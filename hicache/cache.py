@@ -77,15 +77,7 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         self.tree = RadixTree(self.page_size, on_split=self._on_split)
         self.fingerprint = model_fingerprint(config.model, self.page_size)
         self.storage = self._build_storage(storage)
-        self.metrics = CacheMetrics()
-        self.events: EventSink | None = None
-        if config.events.endpoint:
-            self.events = ZmqEventPublisher(config.events.endpoint, config.events.topic)
-        self._metrics_server: MetricsServer | None = None
-        if config.metrics.port:
-            self._metrics_server = MetricsServer(
-                config.metrics.host, config.metrics.port, self.stats, self._gauges
-            )
+        self._init_observability(config)
         self._policy = config.policy
         self._evictable = 0
         self._protected = 0
@@ -100,6 +92,17 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         self._puts: dict[int, tuple[TreeNode, int]] = {}  # storage job -> (node, pin id)
         self._prefetches: dict[str, PrefetchState] = {}
         self._prefetch_jobs: dict[int, PrefetchState] = {}
+
+    def _init_observability(self, config: CacheConfig) -> None:
+        self.metrics = CacheMetrics()
+        self.events: EventSink | None = None
+        if config.events.endpoint:
+            self.events = ZmqEventPublisher(config.events.endpoint, config.events.topic)
+        self._metrics_server: MetricsServer | None = None
+        if config.metrics.port:
+            self._metrics_server = MetricsServer(
+                config.metrics.host, config.metrics.port, self.stats, self._gauges
+            )
 
     def _build_storage(self, backend: StorageBackend | None) -> StorageIO | None:
         cfg = self.config.storage
