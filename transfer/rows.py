@@ -13,6 +13,10 @@ from transfer.plan import CopyPlan
 # last-level cache until they are scattered, large enough that each numpy call
 # (which releases the GIL) is long enough for two workers to overlap.
 SCRATCH_BYTES = 2 << 20
+# Rows at least this long are copied one by one: a memcpy per row moves each
+# byte once, where gather-then-scatter moves it twice; below this size the
+# per-row Python overhead costs more than the second pass.
+ROW_LOOP_BYTES = 16 << 10
 
 
 class Rows(NamedTuple):
@@ -55,6 +59,9 @@ def copy_rows(dst: Rows, src: Rows, scratch_bytes: int = SCRATCH_BYTES) -> None:
     if n == 0:
         return
     row_bytes = src.array.shape[-1]
+    if row_bytes >= ROW_LOOP_BYTES:
+        _copy_row_by_row(dst, src)
+        return
     chunk = max(1, scratch_bytes // row_bytes)
     if len(src.index) > 1 or not src.array.flags.c_contiguous:
         # No take() here: a fancy get makes the chunk's temporary itself.
@@ -69,6 +76,14 @@ def copy_rows(dst: Rows, src: Rows, scratch_bytes: int = SCRATCH_BYTES) -> None:
         part = scratch[: hi - lo]
         gather_rows(src.array, tuple(i[lo:hi] for i in src.index), part)
         dst.array[tuple(i[lo:hi] for i in dst.index)] = part
+
+
+def _copy_row_by_row(dst: Rows, src: Rows) -> None:
+    d_arr, s_arr = dst.array, src.array
+    d_idx = zip(*(i.tolist() for i in dst.index), strict=True)
+    s_idx = zip(*(i.tolist() for i in src.index), strict=True)
+    for d, s in zip(d_idx, s_idx, strict=True):
+        d_arr[d] = s_arr[s]
 
 
 def gather_rows(array: np.ndarray, index: tuple[np.ndarray, ...], out: np.ndarray) -> None:
