@@ -9,7 +9,9 @@ import torch
 from hicache.cache_state import CacheError, CacheState, empty_slots
 from hicache.radix_tree import TreeNode
 from hicache.results import (
+    AdmitResult,
     LoadBackResult,
+    MatchResult,
     PollResult,
 )
 from transfer import Completion, TransferEngine, TransferOp
@@ -78,6 +80,20 @@ class HostTierMixin(CacheState):
         if slots is None:
             return LoadBackResult(empty_slots(), anchor, 0)
         return self._queue_load(chain, slots)
+
+    def admit(self, match: MatchResult) -> AdmitResult:
+        """Take a request's match into use: load its host hit back when worth it
+        (``init_load_back``) and lock the prefix's last node for the request.
+        The caller still calls ``start_loading()`` once for the batch, and
+        ``dec_lock_ref``/``cache_*_req`` on ``result.last_node`` later."""
+        prefix, last, loaded = match.device_indices, match.last_device_node, 0
+        if match.host_hit_length and self.transfer is not None:
+            lb = self.init_load_back(match.last_host_node, match.host_hit_length)
+            if lb.loaded_tokens:
+                prefix, last = torch.cat([prefix, lb.device_indices]), lb.last_node
+                loaded = lb.loaded_tokens
+        self.inc_lock_ref(last)
+        return AdmitResult(prefix, last, loaded)
 
     def _host_chain(self, node: TreeNode) -> list[TreeNode]:
         """Host-only nodes from the first below the device prefix down to ``node``."""

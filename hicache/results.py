@@ -86,3 +86,13 @@ class PrefetchStatus(NamedTuple):
     done: bool
     fetched_tokens: int
     total_tokens: int
+
+
+class AdmitResult(NamedTuple):
+    """``admit``: the device slots of the request's usable prefix (device hit,
+    then tokens loaded back from host), the node that ends it (locked for the
+    request), and how many of its tokens are being loaded back."""
+
+    device_indices: torch.Tensor
+    last_node: TreeNode
+    loaded_tokens: int

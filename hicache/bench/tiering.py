@@ -102,12 +102,7 @@ def serve(cache: HiRadixCache, req: TraceRequest) -> Served:
         fetched = cache.wait_prefetch("bench").fetched_tokens
         cache.release_prefetch("bench")
         m = cache.match_prefix(tokens)
-    prefix, last = m.device_indices, m.last_device_node
-    if m.host_hit_length:
-        lb = cache.init_load_back(m.last_host_node, m.host_hit_length)
-        if lb.loaded_tokens:
-            prefix, last = torch.cat([prefix, lb.device_indices]), lb.last_node
-    cache.inc_lock_ref(last)
+    prefix, last, _ = cache.admit(m)
     cache.start_loading()
     for layer in range(cache.device_pool.shape.num_layers):
         cache.wait_layer(layer)

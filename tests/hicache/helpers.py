@@ -133,13 +133,7 @@ def serve(cache: HiRadixCache, tokens: list[int], namespace: str | None = None) 
     Returns the tokens it reused (device + loaded back, storage included)."""
     if cache.storage is not None:
         fetch_from_storage(cache, tokens, namespace)
-    m = cache.match_prefix(tokens, namespace)
-    prefix, last = m.device_indices, m.last_device_node
-    if m.host_hit_length:
-        lb = cache.init_load_back(m.last_host_node, m.host_hit_length)
-        if lb.loaded_tokens:
-            prefix, last = torch.cat([prefix, lb.device_indices]), lb.last_node
-    cache.inc_lock_ref(last)
+    prefix, last, _ = cache.admit(cache.match_prefix(tokens, namespace))
     cache.start_loading()
     check_kv(cache, tokens, prefix)
     n_new = len(tokens) - prefix.numel()

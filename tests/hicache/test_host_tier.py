@@ -202,3 +202,21 @@ def test_host_disabled_has_no_host_operations() -> None:
     cache.start_loading()
     cache.wait_layer(0)
     assert torch.equal(cache.match_prefix([1, 2, 3, 4]).device_indices, torch.empty(0).long())
+
+
+def test_admit_loads_back_and_locks() -> None:
+    cache = two_tier(4, pages=16)
+    a = seq(1, 16)
+    serve(cache, a[:8])
+    serve(cache, a)
+    cache.drain()
+    cache.evict(8)
+    adm = cache.admit(cache.match_prefix(a))
+    assert adm.loaded_tokens == 8 and adm.device_indices.numel() == 16
+    assert adm.last_node.lock_ref >= 1 and cache.protected_size() == 16
+    cache.start_loading()
+    cache.drain()
+    cache.dec_lock_ref(adm.last_node)
+    assert cache.protected_size() == 0
+    cache.check_integrity()
+    cache.close()
