@@ -84,7 +84,8 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         self._request_held = 0
         self._leaves: set[TreeNode] = set()
         self._backups: dict[int, TreeNode] = {}  # op id -> deepest node being backed up
-        self._loads: dict[int, TreeNode] = {}  # op id -> deepest node being loaded
+        self._loads: dict[int, TreeNode] = {}
+        self._queued_loads: set[int] = set()  # op id -> deepest node being loaded
         self._bad_device: set[TreeNode] = set()  # failed loads: device bytes unusable
         self._pins: dict[int, list[TreeNode]] = {}  # pin id -> nodes whose host_ref it holds
         self._next_pin = 0
@@ -125,6 +126,7 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         key = as_token_list(tokens)
         key = key[: len(key) // self.page_size * self.page_size]
         walk = self.tree.walk(key, namespace, split=True)
+        self._settle_loads(walk.path)
         now = self.tree.tick()
         last_device, host_len, device_parts = self.tree.root, 0, []
         last_host = self.tree.root

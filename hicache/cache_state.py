@@ -61,6 +61,7 @@ class CacheState:
     _leaves: set[TreeNode]  # unlocked device nodes with no device child
     _backups: dict[int, TreeNode]  # D2H op id -> deepest node being backed up
     _loads: dict[int, TreeNode]  # H2D op id -> deepest node being loaded
+    _queued_loads: set[int]  # H2D ops submitted since the last start_loading()
     _bad_device: set[TreeNode]  # failed loads: device bytes unusable
     _pins: dict[int, list[TreeNode]]  # pin id -> nodes whose host_ref it holds
     _next_pin: int

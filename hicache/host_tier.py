@@ -147,12 +147,26 @@ class HostTierMixin(CacheState):
         for node in chain:
             node.load_op = op
         self._loads[op] = last
+        self._queued_loads.add(op)
         return LoadBackResult(slots.clone(), last, int(slots.numel()))
 
     def start_loading(self) -> None:
         """Launch every queued load-back, layer by layer."""
         if self.transfer is not None:
             self.transfer.start_loading()
+            self._queued_loads.clear()
+
+    def _settle_loads(self, path: list[TreeNode]) -> None:
+        """Apply the completions of loads launched by an earlier batch that a
+        match goes through, so that a failed one is known before its nodes
+        are handed out again. (The next batch's ``wait_layer`` no longer
+        covers them; after a finished forward pass they have landed anyway.)"""
+        if self.transfer is None:
+            return
+        ops = {n.load_op for n in path if n.load_op is not None}
+        for op in ops - self._queued_loads:
+            if op is not None and op in self._loads:
+                self._apply(self.transfer.wait(op))
 
     def wait_layer(self, layer: int) -> None:
         """Block until layer ``layer`` of the launched loads is on device."""
@@ -179,7 +193,7 @@ class HostTierMixin(CacheState):
         has been applied (storage puts started by the backups included)."""
         if self.transfer is None:
             return
-        self.transfer.start_loading()
+        self.start_loading()
         for op in list(self._backups) + list(self._loads):
             if op in self._backups or op in self._loads:
                 self._apply(self.transfer.wait(op))

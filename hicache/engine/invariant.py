@@ -1,17 +1,19 @@
 """Batch-invariant numerics: a token's result never depends on its batch.
 
-A cached prefix is only correct if the KV computed for it in one forward pass
-is bit for bit the KV a full recompute would produce, although the two passes
-batch the token with different neighbours. On CPU two things break that:
+Cached KV gives bit-identical outputs to a full recompute only if the KV
+computed for a token in one forward pass is, bit for bit, what another pass
+would compute, although the two batch the token with different neighbours
+(other requests, other chunk boundaries). On CPU two things break that:
 
 * GEMM kernels pick different code paths (and reduction orders) for small row
-  counts. Padding the row count to a multiple of ``ROW_TILE`` keeps every
-  call on the same path, where a row's result depends only on the row.
-* ATen computes the last, partial SIMD step of an element-wise loop with the
-  scalar function (``std::exp`` instead of the vectorised one), and the
-  parallel split moves that tail around with the tensor's size. ``exp`` and ``silu``
-  pad the input and calls the op on pieces that are too small to be split
-  across threads, so every element takes the vectorised path.
+  counts (with torch 2.13 + MKL: 1-3, 5-7 and 9-11 rows differ from the rest).
+  Padding the row count to a multiple of ``ROW_TILE`` keeps every call on
+  the same path, where a row's result depends only on the row.
+* ATen may compute the last, partial SIMD step of an element-wise loop with
+  the scalar function (measured for ``silu``), and the parallel split moves
+  that tail around with the tensor's size. ``exp`` and ``silu`` pad their
+  input and apply the op to pieces too small to be split across threads, so
+  every element takes the vectorised path.
 
 Additions, multiplications, divisions and square roots are correctly rounded
 on every path and need neither measure.

@@ -19,7 +19,10 @@ WaitLayer = Callable[[int], None]
 @dataclass(frozen=True)
 class ModelSpec:
     """Shape and seed of a ``TinyLlama``. ``num_layers``, ``kv_heads``,
-    ``head_dim`` and ``dtype`` must match the KV pool the model runs on."""
+    ``head_dim`` and ``dtype`` (the KV dtype) must match the KV pool the model
+    runs on. Weights and activations use ``compute_dtype`` (default: ``dtype``);
+    on CPUs without half-precision GEMM, float32 compute with a float16 KV
+    cache is orders of magnitude faster."""
 
     num_layers: int = 2
     num_heads: int = 4
@@ -33,10 +36,12 @@ class ModelSpec:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     max_positions: int = 8192
-    attention_block: int = 32  # keys per online-softmax step
+    attention_block: int = 64  # keys per online-softmax step
+    compute_dtype: str | None = None
 
     def __post_init__(self) -> None:
         dtype_from_name(self.dtype)
+        dtype_from_name(self.compute_dtype or self.dtype)
         positive = (self.num_layers, self.num_heads, self.kv_heads, self.head_dim, self.hidden)
         if min(positive) < 1 or min(self.intermediate, self.vocab, self.max_positions) < 1:
             raise ValueError("model dimensions must be >= 1")
@@ -49,14 +54,18 @@ class ModelSpec:
 
     @classmethod
     def for_cache(
-        cls, model: ModelConfig, hidden: int, num_heads: int, vocab: int, seed: int = 0
+        cls, model: ModelConfig, hidden: int, vocab: int, device: torch.device, seed: int = 0
     ) -> ModelSpec:
-        """A spec whose KV geometry is the cache's ``[model]`` section."""
+        """A spec whose KV geometry is the cache's ``[model]`` section: as many
+        query heads as ``hidden`` holds (a multiple of ``kv_heads``), an MLP twice
+        as wide, and float32 compute for a half-precision KV cache on CPU."""
         if model.attention != "mha":
             raise ValueError("the engine's model is MHA only")
+        heads = max(hidden // model.head_dim // model.kv_heads, 1) * model.kv_heads
+        half_on_cpu = device.type == "cpu" and model.dtype != "float32"
         return cls(
             num_layers=model.num_layers,
-            num_heads=num_heads,
+            num_heads=heads,
             kv_heads=model.kv_heads,
             head_dim=model.head_dim,
             hidden=hidden,
@@ -64,6 +73,7 @@ class ModelSpec:
             vocab=vocab,
             dtype=model.dtype,
             seed=seed,
+            compute_dtype="float32" if half_on_cpu else None,
         )
 
     def check_pool(self, pool: DeviceKVPool) -> None:
@@ -86,6 +96,17 @@ class Segment(NamedTuple):
     slots: torch.Tensor
 
 
+class _Batch(NamedTuple):
+    """What every layer of one forward pass needs besides its weights."""
+
+    segments: tuple[Segment, ...]
+    new_slots: torch.Tensor  # where the new tokens' KV goes, segment after segment
+    cos: torch.Tensor  # rotary tables at the new tokens' positions, [rows, 1, head_dim / 2]
+    sin: torch.Tensor
+    pool: DeviceKVPool
+    wait_layer: WaitLayer
+
+
 @dataclass(frozen=True)
 class _Layer:
     attn_norm: torch.Tensor
@@ -104,7 +125,7 @@ class TinyLlama:
     def __init__(self, spec: ModelSpec, device: str | torch.device = "cpu") -> None:
         self.spec = spec
         self.device = torch.device(device)
-        self.dtype = dtype_from_name(spec.dtype)
+        self.dtype = dtype_from_name(spec.compute_dtype or spec.dtype)
         gen = torch.Generator().manual_seed(spec.seed)
         self._embed = self._weight(gen, (spec.vocab, spec.hidden), 1.0)
         self._layers = tuple(self._layer(gen) for _ in range(spec.num_layers))
@@ -147,46 +168,40 @@ class TinyLlama:
         (layer by layer, at the segment's last slots) and return the float32
         logits of each segment's last token, ``[len(segments), vocab]``.
         ``wait_layer(i)`` is called before layer i reads KV from the pool."""
-        if not segments:
-            raise ValueError("forward needs at least one segment")
+        batch = self._batch(segments, pool, wait_layer)
         ids = torch.cat([s.tokens for s in segments]).to(self.device)
-        positions = torch.cat([torch.arange(s.start, s.start + len(s.tokens)) for s in segments])
-        if int(positions.max()) >= self.spec.max_positions:
-            raise ValueError(f"position beyond max_positions={self.spec.max_positions}")
-        new_slots = torch.cat([s.slots[s.start :] for s in segments])
         x = pad_rows(self._embed[ids])
-        rope = self._rope_tables(positions)
         for i, layer in enumerate(self._layers):
-            x = self._layer_forward(i, layer, x, rope, segments, new_slots, pool, wait_layer)
+            x = self._layer_forward(i, layer, x, batch)
         ends = torch.tensor([len(s.tokens) for s in segments]).cumsum(0) - 1
         last = pad_rows(x[ends.to(self.device)])
         logits = self._rms_norm(last, self._final_norm) @ self._lm_head
         return logits[: len(segments)].float()
 
-    def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch(self, segments: Sequence[Segment], pool: DeviceKVPool, wait: WaitLayer) -> _Batch:
+        if not segments:
+            raise ValueError("forward needs at least one segment")
+        for seg in segments:
+            if len(seg.tokens) < 1 or seg.slots.numel() != seg.start + len(seg.tokens):
+                raise ValueError("a segment needs tokens and one slot per context token")
+        if max(s.start + len(s.tokens) for s in segments) > self.spec.max_positions:
+            raise ValueError(f"position beyond max_positions={self.spec.max_positions}")
+        positions = torch.cat([torch.arange(s.start, s.start + len(s.tokens)) for s in segments])
         pos = pad_rows(positions.to(self.device))  # padding rows sit at position 0
-        return self._cos[pos][:, None, :], self._sin[pos][:, None, :]
+        new_slots = torch.cat([s.slots[s.start :] for s in segments])
+        cos, sin = self._cos[pos][:, None, :], self._sin[pos][:, None, :]
+        return _Batch(tuple(segments), new_slots, cos, sin, pool, wait)
 
-    def _layer_forward(
-        self,
-        index: int,
-        layer: _Layer,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        segments: Sequence[Segment],
-        new_slots: torch.Tensor,
-        pool: DeviceKVPool,
-        wait_layer: WaitLayer,
-    ) -> torch.Tensor:
+    def _layer_forward(self, index: int, layer: _Layer, x: torch.Tensor, b: _Batch) -> torch.Tensor:
         s = self.spec
-        n = len(new_slots)
+        n = len(b.new_slots)
         qkv = self._rms_norm(x, layer.attn_norm) @ layer.wqkv
         q, k, v = qkv.split([s.num_heads * s.head_dim, *[s.kv_heads * s.head_dim] * 2], dim=1)
-        q = _rotate(q.reshape(-1, s.num_heads, s.head_dim), *rope).to(self.dtype)
-        k = _rotate(k.reshape(-1, s.kv_heads, s.head_dim), *rope).to(self.dtype)
-        pool.set_kv(index, new_slots, k[:n], v.reshape(-1, s.kv_heads, s.head_dim)[:n])
-        wait_layer(index)
-        attn = self._attend(index, q, segments, pool)
+        q = _rotate(q.reshape(-1, s.num_heads, s.head_dim), b.cos, b.sin).to(self.dtype)
+        k = _rotate(k.reshape(-1, s.kv_heads, s.head_dim), b.cos, b.sin)
+        b.pool.set_kv(index, b.new_slots, k[:n], v.reshape(-1, s.kv_heads, s.head_dim)[:n])
+        b.wait_layer(index)
+        attn = self._attend(index, q, b.segments, b.pool)
         x = x + attn @ layer.wo
         gate, up = (self._rms_norm(x, layer.mlp_norm) @ layer.w_gate_up).chunk(2, dim=1)
         return x + (silu(gate) * up) @ layer.w_down

@@ -28,7 +28,8 @@ class Request:
 
 
 class TierHits(NamedTuple):
-    """Prompt tokens whose KV was reused from each tier when a request was admitted.
+    """Prompt tokens whose KV was reused from each tier, as matched by the
+    admission whose prefill produced the request's first token.
 
     ``host`` counts tokens loaded back from host memory, ``storage`` those
     prefetched from storage (then loaded back through host memory)."""

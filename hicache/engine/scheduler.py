@@ -109,7 +109,7 @@ class Engine:
         return done
 
     def generate(self, requests: Sequence[Request]) -> list[RequestOutput]:
-        """Submit ``requests``, run them all, return their outputs in the same order."""
+        """Submit ``requests`` (unique ids), run them all, return their outputs in order."""
         for request in requests:
             self.submit(request)
         by_id = {out.request_id: out for out in self.run()}
@@ -185,20 +185,14 @@ class Engine:
     def _lock_prefix(self, state: ReqState) -> None:
         """Match the reusable prefix, load host hits back, lock the result."""
         if not self.options.use_cache:
-            state.hits = state.hits or TierHits(0, 0, 0)
+            state.hits = TierHits(0, 0, 0)
             return
-        ns = state.request.namespace
-        match = self.cache.match_prefix(state.reusable, ns)
-        prefix, last, loaded = match.device_indices, match.last_device_node, 0
-        if match.host_hit_length:
-            back = self.cache.init_load_back(match.last_host_node, match.host_hit_length)
-            if back.loaded_tokens:
-                prefix = torch.cat([prefix, back.device_indices])
-                last, loaded = back.last_node, back.loaded_tokens
-        self.cache.inc_lock_ref(last)
-        state.slots, state.last_node = prefix, last
-        state.computed = state.tree_len = prefix.numel()
-        if state.hits is None:
+        match = self.cache.match_prefix(state.reusable, state.request.namespace)
+        admitted = self.cache.admit(match)  # loads host hits back, locks the prefix
+        state.slots, state.last_node = admitted.device_indices, admitted.last_node
+        state.computed = state.tree_len = admitted.device_indices.numel()
+        loaded = admitted.loaded_tokens
+        if state.first_token_at is None:  # the admission that yields the first token counts
             storage = min(state.fetched, loaded)
             state.hits = TierHits(match.device_hit_length, loaded - storage, storage)
 
@@ -248,6 +242,9 @@ class Engine:
             logger.warning("KV load-back failed (%s); recomputing %d requests", e, len(states))
             for state in states:
                 self._retract(state)
+            # Let the batch's other copies land and the failed ones be applied, so
+            # that no later match hands out device slots whose load is unfinished.
+            self.cache.drain()
             return None
 
     def _prefill(self, batch: list[_Chunk]) -> list[RequestOutput]:

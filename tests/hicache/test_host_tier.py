@@ -220,3 +220,23 @@ def test_admit_loads_back_and_locks() -> None:
     assert cache.protected_size() == 0
     cache.check_integrity()
     cache.close()
+
+
+def test_match_settles_a_failed_load_from_an_earlier_batch() -> None:
+    cache = two_tier(4, faults=FaultInjection(fail_every=2))  # the load (op 2) fails
+    a = seq(1, 8)
+    serve(cache, a)
+    cache.drain()
+    cache.evict(8)
+    adm = cache.admit(cache.match_prefix(a))
+    assert adm.loaded_tokens == 8
+    cache.start_loading()
+    # The engine's forward pass would see wait_layer raise; a new match must
+    # not hand the failed copy out as a device hit, even before poll().
+    m = cache.match_prefix(a)
+    assert m.device_hit_length == 0
+    cache.dec_lock_ref(adm.last_node)
+    cache.poll()
+    assert cache.match_prefix(a).host_hit_length == 8
+    cache.check_integrity()
+    cache.close()

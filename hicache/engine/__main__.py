@@ -1,0 +1,110 @@
+"""Run a short multi-turn chat through the engine and show where each turn's KV came from.
+
+``python -m hicache.engine --config configs/default.toml [--set section.key=value ...]``
+
+Between turns the cache is pushed down a tier in turn (``--evict cycle``):
+turn 2 finds the history on device, turn 3 in host memory, turn 4 in storage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from hicache.cache import HiRadixCache
+from hicache.config import CacheConfig, parse_override
+from hicache.engine.model import ModelSpec, TinyLlama
+from hicache.engine.request import Request, RequestOutput
+from hicache.engine.scheduler import Engine, EngineOptions
+from storage_backends import StorageError
+
+EVICTIONS = ("none", "host", "storage", "cycle")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hicache.engine", description=__doc__)
+    p.add_argument("--config", type=Path, default=Path("configs/default.toml"))
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="S.K=V")
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--turn-tokens", type=int, default=256, help="new user tokens per turn")
+    p.add_argument("--max-new-tokens", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--chunk-size", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--evict", choices=EVICTIONS, default="cycle", help="push KV down between turns")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def make_engine(config: CacheConfig, args: argparse.Namespace) -> Engine:
+    if config.storage.backend in ("lmdb", "file"):
+        # The store creates its directory but, to catch typos, not its parents;
+        # the default ``.hicache/store`` lives under the working directory.
+        Path(config.storage.path).parent.mkdir(parents=True, exist_ok=True)
+    cache = HiRadixCache(config)
+    device = cache.device_pool.device
+    spec = ModelSpec.for_cache(config.model, args.hidden, args.vocab, device, args.seed)
+    options = EngineOptions(chunk_size=args.chunk_size)
+    return Engine(TinyLlama(spec, device), cache, options)
+
+
+def push_down(cache: HiRadixCache, turn: int, mode: str) -> None:
+    """After ``turn`` (0-based), move the cached KV down the tiers per ``mode``."""
+    target = {"none": "device", "host": "host", "storage": "storage"}.get(mode)
+    if target is None:  # cycle: keep, then host, then storage, then again
+        target = ("device", "host", "storage")[turn % 3]
+    cache.drain()
+    if target != "device":
+        cache.evict(10**9)
+    if target == "storage":
+        cache.evict_host(10**9)
+
+
+def chat(engine: Engine, args: argparse.Namespace) -> list[RequestOutput]:
+    rng = random.Random(args.seed)
+    history: list[int] = []
+    outputs: list[RequestOutput] = []
+    for turn in range(args.turns):
+        history += [rng.randrange(args.vocab) for _ in range(args.turn_tokens)]
+        request = Request(f"turn{turn + 1}", tuple(history), args.max_new_tokens)
+        outputs += engine.generate([request])
+        history += outputs[-1].output_tokens
+        report(turn + 1, len(request.prompt), outputs[-1])
+        push_down(engine.cache, turn, args.evict)
+    return outputs
+
+
+def report(turn: int, prompt_len: int, out: RequestOutput) -> None:
+    if turn == 1:
+        print(f"{'turn':>4} {'prompt':>7} {'device':>7} {'host':>7} {'storage':>8} {'ttft_ms':>9}")
+    h, ms = out.hits, out.ttft_s * 1e3
+    print(f"{turn:>4} {prompt_len:>7} {h.device:>7} {h.host:>7} {h.storage:>8} {ms:>9.1f}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
+    try:
+        overrides = dict(parse_override(text) for text in args.overrides)
+        config = CacheConfig.from_toml(args.config, overrides)
+        engine = make_engine(config, args)
+    except (ValueError, OSError, StorageError) as e:
+        print(f"hicache.engine: {e}", file=sys.stderr)
+        return 2
+    print(f"model {engine.model.spec} on {engine.model.device}, torch {torch.__version__}")
+    try:
+        chat(engine, args)
+    finally:
+        engine.cache.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""``python -m hicache.engine`` and the engine benchmark, at toy sizes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+
+from hicache.bench import engine as bench
+from hicache.config import CacheConfig
+from hicache.engine.__main__ import main
+
+DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "default.toml"
+SMALL = MappingProxyType(
+    {
+        "model.num_layers": 2,
+        "model.dtype": "float32",
+        "device.device": "cpu",
+        "device.num_tokens": 2048,
+        "host.reserve_gb": 0.0,
+        "policy.prefetch_policy": "wait_complete",
+    }
+)
+
+
+def table_rows(text: str) -> list[list[int]]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == ["turn"])
+    return [[int(float(v)) for v in line.split()] for line in lines[start + 1 :]]
+
+
+def test_cli_chat_walks_down_the_tiers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sets = [f"{k}={v}" for k, v in SMALL.items()] + [f"storage.path={tmp_path / 'store'}"]
+    argv = ["--config", str(DEFAULT), "--turns", "4", "--turn-tokens", "40", "--hidden", "64"]
+    argv += ["--vocab", "128", "--max-new-tokens", "3"]
+    for s in sets:
+        argv += ["--set", s]
+    assert main(argv) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert [r[0] for r in rows] == [1, 2, 3, 4]
+    device, host, storage = (tuple(r[i] for r in rows) for i in (2, 3, 4))
+    assert device[1] > 0 and host[2] > 0 and storage[3] > 0
+    assert device[0] == host[0] == storage[0] == 0
+
+
+def test_cli_reports_bad_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", str(DEFAULT), "--set", "device.page_size=0"]) == 2
+    assert "page_size" in capsys.readouterr().err
+
+
+def test_engine_bench_reuses_each_tier_and_writes_json(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    sizes = ["--prefix-tokens", "128", "--suffix-tokens", "8", "--hidden", "64", "--vocab", "256"]
+    out = ["--repeat", "1", "--dir", str(tmp_path), "--json", str(tmp_path / "out.json")]
+    args = parser.parse_args([*sizes, *out])
+    args.config = CacheConfig.from_toml(DEFAULT, SMALL)
+    assert bench.run(args) == 0
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert set(doc["ttft_ms"]) == {"recompute", "device", "host", "storage"}
+    assert all(v > 0 for v in doc["ttft_ms"].values())
+    assert doc["speedup_host"] > 0 and doc["speedup_storage"] > 0
+    assert not list(tmp_path.glob("hicache-bench-*")), "the scratch store was not removed"
+
+
+def test_engine_bench_round_hits_the_intended_tier(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--prefix-tokens", "128", "--suffix-tokens", "8"])
+    args.hidden, args.vocab = 64, 256
+    config = bench.bench_config(CacheConfig.from_toml(DEFAULT, SMALL), tmp_path / "s", 1024)
+    engine = bench.build_engine(config, args)
+    try:
+        samples = bench.one_round(engine, args, random.Random(0))
+    finally:
+        engine.cache.close()
+    hits = {s.case: (s.hits.device, s.hits.host, s.hits.storage) for s in samples}
+    assert hits == {
+        "recompute": (0, 0, 0),
+        "device": (128, 0, 0),
+        "host": (0, 128, 0),
+        "storage": (0, 0, 128),
+    }
