@@ -18,6 +18,7 @@ from hicache.cache_state import CacheError, PrefetchState, empty_slots
 from hicache.config import CacheConfig
 from hicache.events import (
     AllBlocksCleared,
+    BlockStored,
     EventSink,
     ZmqEventPublisher,
 )
@@ -90,7 +91,7 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         self._pins: dict[int, list[TreeNode]] = {}  # pin id -> nodes whose host_ref it holds
         self._next_pin = 0
         self._host_reserved = 0
-        self._puts: dict[int, tuple[TreeNode, int]] = {}  # storage job -> (node, pin id)
+        self._puts: dict[int, tuple[int, BlockStored | None]] = {}  # job -> (pin, event)
         self._prefetches: dict[str, PrefetchState] = {}
         self._prefetch_jobs: dict[int, PrefetchState] = {}
 

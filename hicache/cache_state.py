@@ -8,7 +8,7 @@ import torch
 
 from device_pool import DeviceKVPool
 from hicache.config import CacheConfig, PolicyConfig
-from hicache.events import EventSink
+from hicache.events import BlockStored, EventSink
 from hicache.metrics import CacheMetrics
 from hicache.radix_tree import Key, RadixTree, TreeNode
 from host_pool import HostKVPool
@@ -66,7 +66,7 @@ class CacheState:
     _pins: dict[int, list[TreeNode]]  # pin id -> nodes whose host_ref it holds
     _next_pin: int
     _host_reserved: int  # host slots reserved by prefetches in flight
-    _puts: dict[int, tuple[TreeNode, int]]  # storage job -> (node, pin id)
+    _puts: dict[int, tuple[int, BlockStored | None]]  # storage job -> (pin id, event)
     _prefetches: dict[str, PrefetchState]  # request id -> prefetch
     _prefetch_jobs: dict[int, PrefetchState]  # storage job -> prefetch
 

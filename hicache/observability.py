@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from hicache.cache_state import CacheState
 from hicache.events import BlockRemoved, BlockStored, Medium
@@ -16,24 +17,27 @@ logger = logging.getLogger("hicache.cache")
 class ObservabilityMixin(CacheState):
     """Events for every store/remove on every tier, and stats (see HiRadixCache)."""
 
-    def _emit_stored(
-        self, node: TreeNode, medium: Medium, pages_ok: tuple[bool, ...] | None = None
-    ) -> None:
+    def _stored_event(self, node: TreeNode, medium: Medium) -> BlockStored | None:
+        """The event announcing ``node``'s pages in ``medium`` (None: events off)."""
         if self.events is None:
-            return
-        keys = self.node_page_keys(node)
+            return None
         assert node.parent is not None
         parent = None if node.parent is self.tree.root else self.node_page_keys(node.parent)[-1]
-        if pages_ok is not None and not all(pages_ok):
-            n = pages_ok.index(False)  # storage keeps a prefix: report the leading pages
-            keys, tokens = keys[:n], node.key[: n * self.page_size]
-        else:
-            tokens = node.key
-        if keys:
-            event = BlockStored(
-                tuple(keys), parent, tuple(tokens), self.page_size, node.namespace, medium
-            )
+        keys = tuple(self.node_page_keys(node))
+        return BlockStored(keys, parent, tuple(node.key), self.page_size, node.namespace, medium)
+
+    def _emit_stored(self, node: TreeNode, medium: Medium) -> None:
+        event = self._stored_event(node, medium)
+        if event is not None and self.events is not None:
             self.events.emit(event)
+
+    def _emit_leading(self, event: BlockStored | None, pages: int) -> None:
+        """Emit the first ``pages`` pages of ``event``: a store that kept only a
+        prefix of a node announces only that prefix (a chain has no gaps)."""
+        if event is None or self.events is None or pages == 0:
+            return
+        tokens = event.token_ids[: pages * event.block_size]
+        self.events.emit(replace(event, block_hashes=event.block_hashes[:pages], token_ids=tokens))
 
     def _emit_removed(self, node: TreeNode, medium: Medium) -> None:
         # A failed load never announced its device copy, so it is not withdrawn.

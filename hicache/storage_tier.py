@@ -50,7 +50,8 @@ class StorageTierMixin(CacheState):
             return
         keys = tuple(self.node_page_keys(node))
         job = self.storage.submit(StorageJob("put", keys, node.host))
-        self._puts[job] = (node, self._pin([node]))
+        # The event is built now: a split before the ack would change ``node``.
+        self._puts[job] = (self._pin([node]), self._stored_event(node, "storage"))
 
     def _parent_key(self, node: TreeNode) -> bytes:
         return self.fingerprint if node is self.tree.root else self.node_page_keys(node)[-1]
@@ -163,14 +164,13 @@ class StorageTierMixin(CacheState):
 
     def _apply_storage(self, done: StorageCompletion) -> None:
         if done.job_id in self._puts:
-            node, pin = self._puts.pop(done.job_id)
+            pin, event = self._puts.pop(done.job_id)
             self._unpin(pin)
             ok = done.error is None and all(done.results)
             self.metrics.record_transfer("h2s", done.nbytes, ok)
             if not ok:
                 logger.debug("storage put %d incomplete: %s", done.job_id, done.error)
-            if any(done.results):
-                self._emit_stored(node, "storage", done.results)
+            self._emit_leading(event, done.leading_hits)
             return
         state = self._prefetch_jobs.pop(done.job_id, None)
         if state is None:

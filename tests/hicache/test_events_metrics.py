@@ -17,6 +17,7 @@ from hicache.events import (
 )
 from hicache.metrics import CacheStats
 from hicache.prometheus import Gauges, MetricsServer
+from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
 
 
@@ -24,8 +25,9 @@ def seq(tag: int, n: int) -> list[int]:
     return [tag * 1000 + i for i in range(n)]
 
 
-def with_events(page_size: int = 4, pages: int = 16) -> HiRadixCache:
-    base = two_tier(page_size, pages=pages)
+def with_events(page_size: int = 4, pages: int = 16, storage: bool = False) -> HiRadixCache:
+    store = StorageConfig(backend="memory", max_bytes=1 << 24) if storage else None
+    base = two_tier(page_size, pages=pages, storage=store)
     cfg = replace(base.config, events=EventsConfig(endpoint="tcp://127.0.0.1:*"))
     base.close()
     return HiRadixCache(cfg)
@@ -92,6 +94,49 @@ def test_subscriber_rebuilds_device_pages_from_events() -> None:
     sub.close(0)
     ctx.term()
     cache.close()
+
+
+def test_storage_writes_and_host_evictions_are_announced() -> None:
+    cache = with_events(page_size=4, pages=16, storage=True)
+    pub = cache.events
+    assert isinstance(pub, ZmqEventPublisher)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.connect(pub.endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    assert pub.wait_for_subscriber(5.0)
+    a = seq(1, 16)
+    serve(cache, a)
+    cache.drain()
+    cache.match_prefix(a[:8])  # split the node while nothing is in flight
+    cache.evict(10**6)
+    cache.evict_host(10**6)
+    cache.poll()
+    events = Receiver(sub, pub).receive()
+    keys = set(cache_keys(cache, a))
+    stored = {
+        k
+        for e in events
+        if isinstance(e, BlockStored)
+        for k in e.block_hashes
+        if e.medium == "storage"
+    }
+    removed_host = {
+        k
+        for e in events
+        if isinstance(e, BlockRemoved) and e.medium == "host"
+        for k in e.block_hashes
+    }
+    assert stored == keys and removed_host == keys
+    sub.close(0)
+    ctx.term()
+    cache.close()
+
+
+def cache_keys(cache: HiRadixCache, tokens: list[int]) -> list[bytes]:
+    from hicache.hashing import page_keys
+
+    return page_keys(cache.fingerprint, None, tokens, cache.page_size)
 
 
 def test_stats_count_hits_per_tier_and_bytes() -> None:
