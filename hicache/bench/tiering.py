@@ -193,15 +193,16 @@ def working_set_tokens(trace: list[TraceRequest]) -> int:
 
 def print_table(reports: list[TierReport]) -> None:
     head = f"{'config':<22}{'hit':>7}{'device':>8}{'host':>8}{'storage':>9}"
-    head += f"{'saved tok':>12}{'ms/req':>8}  bytes d2h/h2d/h2s/s2h (MiB)"
+    head += f"{'saved tok':>12}{'ms/req':>8}  MiB moved d2h/h2d/h2s/s2h  peak MiB dev/host/disk"
     print(head)
     for r in reports:
         t = r.hit_rate_by_tier
         moved = "/".join(f"{r.bytes_moved[k] / 2**20:.0f}" for k in LINKS)
+        peak = "/".join(f"{r.peak_bytes[k] / 2**20:.0f}" for k in ("device", "host", "storage"))
         print(
             f"{r.name:<22}{r.hit_rate:>7.1%}{t['device']:>8.1%}{t['host']:>8.1%}"
             f"{t['storage']:>9.1%}{r.prefill_tokens_saved:>12,}{r.cache_ms_per_request:>8.2f}"
-            f"  {moved}"
+            f"  {moved:<25}  {peak}"
         )
 
 
