@@ -86,7 +86,10 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         self._leaves: set[TreeNode] = set()
         self._backups: dict[int, TreeNode] = {}  # op id -> deepest node being backed up
         self._loads: dict[int, TreeNode] = {}
-        self._queued_loads: set[int] = set()  # op id -> deepest node being loaded
+        self._queued_loads: set[int] = set()
+        self._launched_early: set[int] = set()
+        self._batch_loads: set[int] = set()
+        self._failed_loads: set[int] = set()  # op id -> deepest node being loaded
         self._bad_device: set[TreeNode] = set()  # failed loads: device bytes unusable
         self._pins: dict[int, list[TreeNode]] = {}  # pin id -> nodes whose host_ref it holds
         self._next_pin = 0
@@ -105,6 +108,19 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
             self._metrics_server = MetricsServer(
                 config.metrics.host, config.metrics.port, self.stats, self._gauges
             )
+
+    def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:
+        """Keep bookkeeping kept outside the nodes true when ``lower`` loses
+        its first pages to the new ``upper`` (backup/load op ids and locks are
+        copied by the tree itself)."""
+        # Both halves of a failed load's node are unusable on device.
+        if lower in self._bad_device:
+            self._bad_device.add(upper)
+        # A pin on ``lower`` covered pages that now live partly in ``upper``.
+        if lower.host_ref:
+            for nodes in self._pins.values():
+                if lower in nodes:
+                    nodes.append(upper)
 
     def _build_storage(self, backend: StorageBackend | None) -> StorageIO | None:
         cfg = self.config.storage
@@ -130,7 +146,7 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         self._settle_loads(walk.path)
         now = self.tree.tick()
         last_device, host_len, device_parts = self.tree.root, 0, []
-        last_host = self.tree.root
+        last_host, to_back_up = self.tree.root, []
         for node in walk.path:
             if node in self._bad_device:
                 break  # a failed load: neither tier's copy may be used through it
@@ -140,10 +156,11 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
             if node.device is not None:
                 last_device = node
                 device_parts.append(node.device)
-                self._maybe_selective_backup(node)
+                to_back_up.append(node)
             else:
                 host_len += len(node.key)
         indices = torch.cat(device_parts) if device_parts else empty_slots()
+        self._selective_backups(to_back_up, walk.path)
         stored = 0
         if with_storage and self.storage is not None:
             stored = self._storage_hits(key, last_host, namespace)
@@ -157,21 +174,31 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
 
         Call only after the forward pass has written that KV. The slots are
         the request's; pages the tree already holds keep the tree's slots and
-        the request's duplicates are freed; new pages pass to the tree.
+        the request's duplicates are freed; new pages pass to the tree. Slots
+        past ``result.inserted_len`` stay the caller's.
         """
         key = as_token_list(tokens)
         self._check_slots(device_slots, len(key))
         aligned = len(key) // self.page_size * self.page_size
         return self._insert(key[:aligned], device_slots[:aligned], namespace)
 
-    def _insert(self, key: Key, slots: torch.Tensor, ns: str | None) -> InsertResult:
+    def _insert(
+        self, key: Key, slots: torch.Tensor, ns: str | None, finished: bool = False
+    ) -> InsertResult:
         walk = self.tree.walk(key, ns, split=True)
-        pos, now = 0, self.tree.tick()
-        for node in walk.path:
+        pos, now, node = 0, self.tree.tick(), self.tree.root
+        for i, step in enumerate(walk.path):
+            if step in self._bad_device:
+                # Its device copy is unusable and still held: keep the request's
+                # own KV from here on rather than trade it for garbage.
+                if finished:
+                    self._free_own(walk.path[i:], slots[pos:])
+                return InsertResult(walk.length, node, pos)
+            node = step
             node.last_access = now
             self._absorb(node, slots[pos : pos + len(node.key)])
             pos += len(node.key)
-        prefix_len, node = walk.length, walk.node
+        prefix_len = walk.length
         if pos < len(key):
             node = self.tree.add_child(node, key[pos:], ns)
             node.last_access = now
@@ -183,12 +210,21 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
             self._emit_stored(node, "device")
             if self._policy.write_policy == "write_through":
                 self._backup(node)
-        return InsertResult(prefix_len, node)
+        return InsertResult(prefix_len, node, len(key))
+
+    def _free_own(self, nodes: list[TreeNode], slots: torch.Tensor) -> None:
+        """Free a finished request's slots that ``nodes`` (consecutive, from
+        where its insert stopped) do not hold."""
+        own, pos = [], 0
+        for node in nodes:
+            part = slots[pos : pos + len(node.key)]
+            own.append(part if node.device is None else part[node.device != part])
+            pos += len(node.key)
+        own.append(slots[pos:])
+        self._free_request_slots(torch.cat(own))
 
     def _absorb(self, node: TreeNode, slots: torch.Tensor) -> None:
-        """The request also computed ``node``'s pages: keep one copy. (A node
-        whose load failed keeps its unusable copy until it is retired; it is
-        never matched meanwhile.)"""
+        """The request also computed ``node``'s pages: keep one copy."""
         if node.device is None:
             node.device = slots.clone()  # revive a host-only node with the fresh KV
             self._request_held -= len(slots)
@@ -213,7 +249,7 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         self._check_slots(device_slots, len(key))
         self._check_node(last_node, locked=True)
         aligned = len(key) // self.page_size * self.page_size
-        result = self._insert(key[:aligned], device_slots[:aligned], namespace)
+        result = self._insert(key[:aligned], device_slots[:aligned], namespace, finished=True)
         self.dec_lock_ref(last_node)
         if aligned < len(key):
             self._free_request_slots(self._tail_page(device_slots[aligned]))
@@ -228,7 +264,9 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
     ) -> UnfinishedResult:
         """Mid-request (chunked prefill, decode): insert what is computed so far
         and move the request's lock from ``last_node`` to the new last node.
-        The partial tail page stays the request's."""
+        Use ``result.device_indices`` for the first positions from now on; the
+        slots after them (the partial tail page, or more when the insert
+        stopped at a failed load, see ``InsertResult``) stay the request's."""
         key = as_token_list(tokens)
         self._check_slots(device_slots, len(key))
         self._check_node(last_node, locked=True)

@@ -62,6 +62,9 @@ class CacheState:
     _backups: dict[int, TreeNode]  # D2H op id -> deepest node being backed up
     _loads: dict[int, TreeNode]  # H2D op id -> deepest node being loaded
     _queued_loads: set[int]  # H2D ops submitted since the last start_loading()
+    _launched_early: set[int]  # queued ops drain() launched before start_loading()
+    _batch_loads: set[int]  # H2D ops the current forward batch reads
+    _failed_loads: set[int]  # failed H2D ops of the current batch
     _bad_device: set[TreeNode]  # failed loads: device bytes unusable
     _pins: dict[int, list[TreeNode]]  # pin id -> nodes whose host_ref it holds
     _next_pin: int

@@ -14,7 +14,7 @@ from hicache.results import (
     MatchResult,
     PollResult,
 )
-from transfer import Completion, TransferEngine, TransferOp
+from transfer import Completion, TransferEngine, TransferError, TransferOp
 
 logger = logging.getLogger("hicache.cache")
 
@@ -34,14 +34,30 @@ class HostTierMixin(CacheState):
             self.evict_host(num_tokens - alloc.available())
         return alloc.alloc(num_tokens)
 
-    def _maybe_selective_backup(self, node: TreeNode) -> None:
-        if (
-            self._policy.write_policy == "write_through_selective"
-            and node.host is None
-            and node.backup_op is None
-            and node.hit_count >= self._policy.write_through_threshold
-        ):
-            self._backup(node)
+    def _selective_backups(self, nodes: list[TreeNode], path: list[TreeNode]) -> None:
+        """Under ``write_through_selective``, back up the hot ``nodes`` of a
+        match. The match's ``path`` is pinned meanwhile: making host room must
+        not evict a host-only node the match is about to return."""
+        if self._policy.write_policy != "write_through_selective":
+            return
+        hot = [
+            n
+            for n in nodes
+            if n.host is None
+            and n.backup_op is None
+            and n.hit_count >= self._policy.write_through_threshold
+        ]
+        if not hot:
+            return
+        pinned = [n for n in path if n.host is not None]
+        for node in pinned:
+            node.host_ref += 1
+        try:
+            for node in hot:
+                self._backup(node)
+        finally:
+            for node in pinned:
+                node.host_ref -= 1
 
     def _backup(self, node: TreeNode) -> int | None:
         """Start a D2H copy of ``node``; it stays locked until the ack. None
@@ -151,10 +167,24 @@ class HostTierMixin(CacheState):
         return LoadBackResult(slots.clone(), last, int(slots.numel()))
 
     def start_loading(self) -> None:
-        """Launch every queued load-back, layer by layer."""
-        if self.transfer is not None:
+        """Launch every queued load-back, layer by layer: the loads the next
+        forward pass reads. Call once per batch, before its ``wait_layer``s."""
+        if self.transfer is None:
+            return
+        self._batch_loads = self._queued_loads | self._launched_early
+        self._failed_loads &= self._batch_loads  # early-launched ops may have failed already
+        if self._queued_loads:
             self.transfer.start_loading()
-            self._queued_loads.clear()
+        self._queued_loads, self._launched_early = set(), set()
+
+    def _launch_early(self) -> None:
+        """Launch queued loads now (to wait for them) without ending the
+        batch they belong to: its ``wait_layer`` still reports their failure."""
+        assert self.transfer is not None
+        if self._queued_loads:
+            self.transfer.start_loading()
+            self._launched_early |= self._queued_loads
+            self._queued_loads = set()
 
     def _settle_loads(self, path: list[TreeNode]) -> None:
         """Apply the completions of loads launched by an earlier batch that a
@@ -169,9 +199,14 @@ class HostTierMixin(CacheState):
                 self._apply(self.transfer.wait(op))
 
     def wait_layer(self, layer: int) -> None:
-        """Block until layer ``layer`` of the launched loads is on device."""
-        if self.transfer is not None:
-            self.transfer.wait_layer(layer)
+        """Block until layer ``layer`` of this batch's loads is on device.
+        TransferError if one of them failed: the pass must not use its KV."""
+        if self.transfer is None or not self._batch_loads:
+            return
+        failed = self._batch_loads & self._failed_loads
+        if failed:
+            raise TransferError(f"load-back op(s) {sorted(failed)} of this batch failed")
+        self.transfer.wait_layer(layer)
 
     def poll(self) -> PollResult:
         """Apply finished transfers and storage I/O. Call on every scheduler tick."""
@@ -193,7 +228,7 @@ class HostTierMixin(CacheState):
         has been applied (storage puts started by the backups included)."""
         if self.transfer is None:
             return
-        self.start_loading()
+        self._launch_early()
         for op in list(self._backups) + list(self._loads):
             if op in self._backups or op in self._loads:
                 self._apply(self.transfer.wait(op))
@@ -249,13 +284,27 @@ class HostTierMixin(CacheState):
         if not done.ok:
             logger.warning("load-back of %r failed: %s", node, done.error)
             self._bad_device.update(nodes)
+            self._failed_loads.add(done.op_id)
         self.dec_lock_ref(node)
         return 1 if done.ok else 2
 
     def _retire_bad_device(self) -> None:
-        """Drop device copies from failed loads once nobody holds them."""
+        """Drop the copies of failed loads once nobody holds them: the device
+        copy, and the host copies below it too, so that the next request
+        recomputes instead of failing the same load again."""
         self._bad_device = {n for n in self._bad_device if n.tree is self.tree}
         depth = {n: sum(1 for _ in self.tree.path_to_root(n)) for n in self._bad_device}
         for node in sorted(self._bad_device, key=lambda n: -depth[n]):
             if node.lock_ref == 0 and not node.has_device_child():
                 self._drop_device(node)
+                self._drop_host_subtree(node)
+
+    def _drop_host_subtree(self, node: TreeNode) -> None:
+        """Delete the host-only subtree at ``node``, leaves first; pinned nodes
+        (and so their ancestors) stay."""
+        order = [node]
+        for n in order:
+            order.extend(n.children.values())
+        for n in reversed(order):
+            if n.device is None and n.host is not None and n.host_ref == 0 and not n.children:
+                self._delete_host_leaf(n)

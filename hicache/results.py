@@ -31,10 +31,14 @@ class MatchResult(NamedTuple):
 
 
 class InsertResult(NamedTuple):
-    """``prefix_len`` tokens were already cached (any tier); ``last_node`` ends the insert."""
+    """``prefix_len`` tokens were already cached (any tier); ``last_node`` ends
+    the insert; the tree now holds the request's first ``inserted_len`` tokens.
+    ``inserted_len`` is short of the whole pages only when the path runs into
+    a node whose load-back failed: slots past it stay the caller's."""
 
     prefix_len: int
     last_node: TreeNode
+    inserted_len: int
 
 
 class UnfinishedResult(NamedTuple):

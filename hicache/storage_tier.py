@@ -37,13 +37,6 @@ class StorageTierMixin(CacheState):
         for node in self._pins.pop(pin_id):
             node.host_ref -= 1
 
-    def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:
-        # A pin on ``lower`` covered pages that now live partly in ``upper``.
-        if lower.host_ref:
-            for nodes in self._pins.values():
-                if lower in nodes:
-                    nodes.append(upper)
-
     def _store(self, node: TreeNode) -> None:
         """Write ``node``'s (just backed-up) host pages to storage, async."""
         if self.storage is None or node.host is None:
