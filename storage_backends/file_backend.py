@@ -15,6 +15,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -40,6 +41,13 @@ logger = logging.getLogger(__name__)
 _META_FILE = "store.json"
 _PAGES_DIR = "pages"
 _TMP_PREFIX = ".tmp-"
+# Other processes sharing the directory write pages this index never sees;
+# rescanning after writing this share of max_bytes keeps the whole store
+# within max_bytes * (1 + processes / _RESCAN_SHARE).
+_RESCAN_SHARE = 8
+# A temp file older than this belongs to a writer that died, not to a live
+# writer in another process.
+_STALE_TMP_S = 60.0
 
 
 class _Read(NamedTuple):
@@ -119,13 +127,16 @@ def _page_files(pages: Path) -> Iterator[os.DirEntry[str]]:
 def _scan(pages: Path) -> OrderedDict[bytes, int]:
     """Index of stored pages (key → file size), oldest modification first.
 
-    Removes temporary files left by writers that died mid-write.
+    Removes temporary files left by writers that died mid-write (old enough
+    that no live writer in another process can still own them).
     """
     found: list[_PageFile] = []
     stale = ignored = 0
+    now_ns = time.time_ns()
     for entry in _page_files(pages):
         if entry.name.startswith(_TMP_PREFIX):
-            stale += _unlink(entry.path)
+            if now_ns - entry.stat().st_mtime_ns > _STALE_TMP_S * 1e9:
+                stale += _unlink(entry.path)
             continue
         try:
             key = bytes.fromhex(entry.name)
@@ -166,6 +177,7 @@ class FileBackend:
         self._scratch = threading.local()
         self._counters = StatCounters()
         self._closed = False
+        self._written_since_scan = 0
         self._counters.record_evictions(self._evict_to(config.max_bytes, b""))
 
     def _check_open(self) -> None:
@@ -304,12 +316,31 @@ class FileBackend:
     def _account(self, key: bytes, size: int) -> int:
         """Add a stored page to the index and evict beyond capacity; return evictions."""
         with self._lock:
+            self._written_since_scan += size
             if key in self._index:
                 self._index.move_to_end(key)
                 return 0
             self._index[key] = size
             self._bytes_used += size
+            rescan = self._written_since_scan * _RESCAN_SHARE >= self._config.max_bytes
+        if rescan:
+            self._rescan()
         return self._evict_to(self._config.max_bytes, key)
+
+    def _rescan(self) -> None:
+        """Re-read the directory (pages other processes wrote), keeping this
+        process's recency order for the pages it knows."""
+        try:
+            fresh = _scan(Path(self._pages_dir))
+        except OSError:
+            logger.warning("could not rescan %s", self._pages_dir, exc_info=True)
+            return
+        with self._lock:
+            for key in self._index:
+                if key in fresh:
+                    fresh.move_to_end(key)
+            self._index, self._bytes_used = fresh, sum(fresh.values())
+            self._written_since_scan = 0
 
     def _evict_to(self, limit: int, keep: bytes) -> int:
         """Remove least-recently-used pages (never ``keep``) until at most ``limit`` bytes."""
