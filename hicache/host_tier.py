@@ -62,8 +62,8 @@ class HostTierMixin(CacheState):
     def _backup(self, node: TreeNode) -> int | None:
         """Start a D2H copy of ``node``; it stays locked until the ack. None
         (and the node stays device-only) when the host tier is off or full."""
-        if self.host_pool is None or node.device is None or node.host is not None:
-            return None
+        if self.transfer is None or node.device is None or node.host is not None:
+            return None  # no host tier (or closed), or nothing to copy
         host = self._alloc_host(len(node.key))
         if host is None:
             logger.debug("host tier full: %r stays device-only", node)
@@ -85,6 +85,7 @@ class HostTierMixin(CacheState):
         ``policy.load_back_threshold`` tokens, or that cannot get device slots,
         load nothing (``loaded_tokens == 0``).
         """
+        self._transfer()  # CacheError before anything changes when there is no host tier
         self._check_node(last_host_node, locked=False)
         chain = self._host_chain(last_host_node)
         total = sum(len(n.key) for n in chain)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hicache.cache import CacheError
 from tests.hicache.helpers import serve, two_tier
 from transfer import FaultInjection
 
@@ -243,3 +244,18 @@ def test_match_settles_a_failed_load_from_an_earlier_batch() -> None:
     assert m.device_hit_length == 0 and m.host_hit_length == 0  # a failed load is a miss
     cache.check_integrity()
     cache.close()
+
+
+def test_use_after_close_changes_nothing() -> None:
+    cache = two_tier(4)
+    a = seq(1, 8)
+    serve(cache, a)
+    cache.drain()
+    cache.evict(8)
+    m = cache.match_prefix(a)
+    cache.close()
+    with pytest.raises(CacheError):
+        cache.init_load_back(m.last_host_node, m.host_hit_length)
+    serve(cache, seq(2, 8))  # device-only from here on: no backup, no leak
+    cache.check_integrity()
+    assert cache.protected_size() == 0
