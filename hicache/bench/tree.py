@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from hicache.bench.workloads import MultiTurnSpec, TraceRequest, multiturn
@@ -63,7 +64,7 @@ def replay(cache: HiRadixCache, trace: list[TraceRequest]) -> TreeBenchResult:
             cache.dec_lock_ref(m.last_device_node)
             ops += 3
             continue
-        slots = _concat(m.device_indices, new, len(req.tokens) - m.device_hit_length)
+        slots = torch.cat([m.device_indices, new[: len(req.tokens) - m.device_hit_length]])
         cache.cache_finished_req(req.tokens, slots, m.last_device_node)
         ops += 4
         hit += m.device_hit_length
@@ -71,12 +72,6 @@ def replay(cache: HiRadixCache, trace: list[TraceRequest]) -> TreeBenchResult:
     seconds = time.perf_counter() - start
     ps = cache.page_size
     return TreeBenchResult(ps, ops, seconds, seconds * 1e6 / max(ops, 1), hit, total, len(trace))
-
-
-def _concat(prefix, new, n):  # type: ignore[no-untyped-def]
-    import torch
-
-    return torch.cat([prefix, new[:n]])
 
 
 def run(args: argparse.Namespace) -> int:
