@@ -219,6 +219,7 @@ class HostTierMixin(CacheState):
         if self.storage is not None:
             for job in self.storage.poll():
                 self._apply_storage(job)
+            self._announce_storage_removals()
         self._retire_bad_device()
         if self.events is not None:
             self.events.flush()

@@ -44,6 +44,15 @@ class ObservabilityMixin(CacheState):
         if self.events is not None and not (medium == "device" and node in self._bad_device):
             self.events.emit(BlockRemoved(tuple(self.node_page_keys(node)), medium))
 
+    def _announce_storage_removals(self) -> None:
+        """Pages the backend evicted, deleted or dropped as damaged. Taken even
+        with events off, so that the backend's journal stays empty."""
+        if self.storage is None:
+            return
+        removed = self.storage.backend.take_removed()
+        if removed and self.events is not None:
+            self.events.emit(BlockRemoved(tuple(removed), "storage"))
+
     def stats(self) -> CacheStats:
         """A snapshot of the cache's counters (thread-safe)."""
         return self.metrics.snapshot()

@@ -70,6 +70,12 @@ class StorageBackend(Protocol):
         """
         ...
 
+    def take_removed(self) -> list[bytes]:
+        """Keys this backend object removed since the last call: evicted for
+        capacity, deleted, or dropped as damaged (not other processes'
+        removals). Thread-safe; lets the cache announce storage removals."""
+        ...
+
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         """Store ``src[i]`` under ``keys[i]``; return per-key success.
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections import deque
+from collections.abc import Iterable
 
 from storage_backends.base import StorageStats
 
@@ -19,6 +21,8 @@ class StatCounters:
         self._evictions = 0
         self._corrupt = 0
         self._deletes = 0
+        # Bounded: a backend nobody takes removals from must not grow without end.
+        self._removed: deque[bytes] = deque(maxlen=1 << 16)
 
     def record_get(self, hits: int, misses: int, corrupt: int) -> None:
         with self._lock:
@@ -39,6 +43,18 @@ class StatCounters:
     def record_deletes(self, deletes: int) -> None:
         with self._lock:
             self._deletes += deletes
+
+    def note_removed(self, keys: Iterable[bytes]) -> None:
+        """Remember keys this backend removed (evicted, deleted, found corrupt)."""
+        with self._lock:
+            self._removed.extend(keys)
+
+    def take_removed(self) -> list[bytes]:
+        """Keys removed since the last call (the most recent 65,536 at most)."""
+        with self._lock:
+            out = list(self._removed)
+            self._removed.clear()
+        return out
 
     def snapshot(self, entries: int, bytes_used: int, capacity_bytes: int) -> StorageStats:
         """Combine the counters with the store's current size."""

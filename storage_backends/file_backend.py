@@ -254,6 +254,8 @@ class FileBackend:
         logger.warning("deleting damaged page file %s (%s)", path, read.verdict.value)
         removed = _unlink(path)
         self._forget(key)
+        if removed:
+            self._counters.note_removed((key,))
         return int(removed)
 
     def _note_use(self, key: bytes, size: int) -> None:
@@ -355,6 +357,7 @@ class FileBackend:
                 victims.append(key)
         for key in victims:
             _unlink(self._path(key))
+        self._counters.note_removed(victims)
         return len(victims)
 
     def delete(self, keys: Sequence[bytes]) -> int:
@@ -362,10 +365,15 @@ class FileBackend:
         check_keys(keys)
         removed = 0
         for key in keys:
-            removed += _unlink(self._path(key))
+            if _unlink(self._path(key)):
+                removed += 1
+                self._counters.note_removed((key,))
             self._forget(key)
         self._counters.record_deletes(removed)
         return removed
+
+    def take_removed(self) -> list[bytes]:
+        return self._counters.take_removed()
 
     def stats(self) -> StorageStats:
         self._check_open()

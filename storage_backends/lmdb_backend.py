@@ -93,6 +93,7 @@ class _Writer:
         cursor = txn.cursor(db=dbs.lru)
         self._next_stamp = _from_u64(cursor.key()) + 1 if cursor.last() else 0
         self.evictions = 0
+        self.removed: list[bytes] = []  # reported only once the transaction commits
 
     def has(self, key: bytes) -> bool:
         return self._txn.get(key, db=self._dbs.pages) is not None
@@ -127,6 +128,7 @@ class _Writer:
             self._txn.delete(bytes(stamp), db=self._dbs.lru)
             self._txn.delete(key, db=self._dbs.atime)
         self.bytes_used = max(0, self.bytes_used - size)
+        self.removed.append(key)
         return True
 
     def evict_until(self, limit: int) -> None:
@@ -249,6 +251,7 @@ class LmdbBackend:
         except lmdb.Error:
             logger.exception("could not delete %d damaged pages", len(keys))
             return 0
+        self._counters.note_removed(writer.removed)
         logger.warning("deleted %d damaged pages from %s", dropped, self._config.path)
         return dropped
 
@@ -345,6 +348,7 @@ class LmdbBackend:
                 writer.finish()
             except lmdb.MapFullError as exc:
                 raise _MapFull(len(keys)) from exc
+        self._counters.note_removed(writer.removed)
         return _PutOutcome(
             results=[result is not _PutResult.REJECTED for result in done],
             puts=done.count(_PutResult.STORED),
@@ -374,8 +378,12 @@ class LmdbBackend:
         except lmdb.Error:
             logger.exception("LMDB delete of %d pages failed", len(keys))
             return 0
+        self._counters.note_removed(writer.removed)
         self._counters.record_deletes(removed)
         return removed
+
+    def take_removed(self) -> list[bytes]:
+        return self._counters.take_removed()
 
     def stats(self) -> StorageStats:
         self._check_open()

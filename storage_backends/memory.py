@@ -76,7 +76,8 @@ class MemoryBackend:
                 return 0
             del self._pages[key]
             self._bytes_used -= len(blob)
-            return 1
+        self._counters.note_removed((key,))
+        return 1
 
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         self._check_open()
@@ -109,8 +110,9 @@ class MemoryBackend:
             if key in self._pages:
                 return _Inserted(True, 0)
             while self._bytes_used + len(blob) > self._capacity:
-                _, old = self._pages.popitem(last=False)
+                old_key, old = self._pages.popitem(last=False)
                 self._bytes_used -= len(old)
+                self._counters.note_removed((old_key,))
                 evicted += 1
             self._pages[key] = blob
             self._bytes_used += len(blob)
@@ -125,9 +127,13 @@ class MemoryBackend:
                 blob = self._pages.pop(key, None)
                 if blob is not None:
                     self._bytes_used -= len(blob)
+                    self._counters.note_removed((key,))
                     removed += 1
         self._counters.record_deletes(removed)
         return removed
+
+    def take_removed(self) -> list[bytes]:
+        return self._counters.take_removed()
 
     def stats(self) -> StorageStats:
         self._check_open()

@@ -25,8 +25,10 @@ def seq(tag: int, n: int) -> list[int]:
     return [tag * 1000 + i for i in range(n)]
 
 
-def with_events(page_size: int = 4, pages: int = 16, storage: bool = False) -> HiRadixCache:
-    store = StorageConfig(backend="memory", max_bytes=1 << 24) if storage else None
+def with_events(
+    page_size: int = 4, pages: int = 16, storage: bool = False, store_bytes: int = 1 << 24
+) -> HiRadixCache:
+    store = StorageConfig(backend="memory", max_bytes=store_bytes) if storage else None
     base = two_tier(page_size, pages=pages, storage=store)
     cfg = replace(base.config, events=EventsConfig(endpoint="tcp://127.0.0.1:*"))
     base.close()
@@ -128,6 +130,37 @@ def test_storage_writes_and_host_evictions_are_announced() -> None:
         for k in e.block_hashes
     }
     assert stored == keys and removed_host == keys
+    sub.close(0)
+    ctx.term()
+    cache.close()
+
+
+def test_storage_evictions_are_announced() -> None:
+    # A store of 6 pages: the second request's writes evict the first's pages.
+    page_bytes = 4 * 2 * 2 * 2 * 4 * 4 + 56  # tokens × layers × K,V × heads × dim × fp32
+    cache = with_events(page_size=4, pages=16, storage=True, store_bytes=6 * page_bytes)
+    pub = cache.events
+    assert isinstance(pub, ZmqEventPublisher)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.connect(pub.endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    assert pub.wait_for_subscriber(5.0)
+    receiver = Receiver(sub, pub)
+    stored: set[bytes] = set()
+    for tag in (1, 2, 3):
+        serve(cache, seq(tag, 16))
+        cache.drain()
+        for e in receiver.receive():
+            if isinstance(e, BlockStored) and e.medium == "storage":
+                stored.update(e.block_hashes)
+            elif isinstance(e, BlockRemoved) and e.medium == "storage":
+                stored.difference_update(e.block_hashes)
+    assert cache.storage is not None
+    in_store = {
+        k for k in stored | set(cache_keys(cache, seq(1, 16))) if cache.storage.backend.exists([k])
+    }
+    assert stored == in_store and 0 < len(stored) <= 6
     sub.close(0)
     ctx.term()
     cache.close()
