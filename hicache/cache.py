@@ -79,22 +79,23 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         self.fingerprint = model_fingerprint(config.model, self.page_size)
         self.storage = self._build_storage(storage)
         self._init_observability(config)
+        # The rest is described, attribute by attribute, in CacheState.
         self._policy = config.policy
         self._evictable = 0
         self._protected = 0
         self._request_held = 0
         self._leaves: set[TreeNode] = set()
-        self._backups: dict[int, TreeNode] = {}  # op id -> deepest node being backed up
+        self._backups: dict[int, TreeNode] = {}
         self._loads: dict[int, TreeNode] = {}
         self._queued_loads: set[int] = set()
         self._launched_early: set[int] = set()
         self._batch_loads: set[int] = set()
-        self._failed_loads: set[int] = set()  # op id -> deepest node being loaded
-        self._bad_device: set[TreeNode] = set()  # failed loads: device bytes unusable
-        self._pins: dict[int, list[TreeNode]] = {}  # pin id -> nodes whose host_ref it holds
+        self._failed_loads: set[int] = set()
+        self._bad_device: set[TreeNode] = set()
+        self._pins: dict[int, list[TreeNode]] = {}
         self._next_pin = 0
         self._host_reserved = 0
-        self._puts: dict[int, tuple[int, BlockStored | None]] = {}  # job -> (pin, event)
+        self._puts: dict[int, tuple[int, BlockStored | None]] = {}
         self._prefetches: dict[str, PrefetchState] = {}
         self._prefetch_jobs: dict[int, PrefetchState] = {}
 
