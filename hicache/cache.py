@@ -94,7 +94,6 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         self._bad_device: set[TreeNode] = set()
         self._pins: dict[int, list[TreeNode]] = {}
         self._next_pin = 0
-        self._host_reserved = 0
         self._puts: dict[int, tuple[int, BlockStored | None]] = {}
         self._prefetches: dict[str, PrefetchState] = {}
         self._prefetch_jobs: dict[int, PrefetchState] = {}
@@ -338,7 +337,7 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
 
     def host_reserved_size(self) -> int:
         """Host slots reserved for prefetches and not yet in the tree."""
-        return self._host_reserved
+        return sum(p.host_slots.numel() for p in self._prefetch_jobs.values())
 
     def device_tokens(self) -> int:
         return self._evictable + self._protected

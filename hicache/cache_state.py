@@ -35,7 +35,6 @@ class PrefetchState:
     started: float
     fetched: int = 0
     done: bool = False
-    released: bool = False
 
 
 class CacheState:
@@ -68,7 +67,6 @@ class CacheState:
     _bad_device: set[TreeNode]  # failed loads: device bytes unusable
     _pins: dict[int, list[TreeNode]]  # pin id -> nodes whose host_ref it holds
     _next_pin: int
-    _host_reserved: int  # host slots reserved by prefetches in flight
     _puts: dict[int, tuple[int, BlockStored | None]]  # storage job -> (pin id, event)
     _prefetches: dict[str, PrefetchState]  # request id -> prefetch
     _prefetch_jobs: dict[int, PrefetchState]  # storage job -> prefetch

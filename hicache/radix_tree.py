@@ -70,18 +70,6 @@ class TreeNode:
         tiers = ("D" if self.device is not None else "") + ("H" if self.host is not None else "")
         return f"TreeNode(id={self.id}, len={len(self.key)}, {tiers or '-'}, lock={self.lock_ref})"
 
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None and self.tree is not None and self.tree.root is self
-
-    @property
-    def on_device(self) -> bool:
-        return self.device is not None
-
-    @property
-    def on_host(self) -> bool:
-        return self.host is not None
-
     def has_device_child(self) -> bool:
         return any(c.device is not None for c in self.children.values())
 

@@ -88,7 +88,7 @@ class StorageTierMixin(CacheState):
                 self.metrics.add("prefetch_below_threshold")
             return 0
         self.metrics.add("prefetch_started")
-        return self._start_prefetch(request_id, key, namespace, last_host_node, keys, hits)
+        return self._start_prefetch(request_id, key, namespace, last_host_node, start, keys, hits)
 
     def _start_prefetch(
         self,
@@ -96,6 +96,7 @@ class StorageTierMixin(CacheState):
         key: Key,
         namespace: str | None,
         last: TreeNode,
+        start: int,
         keys: list[bytes],
         hits: int,
     ) -> int:
@@ -105,10 +106,8 @@ class StorageTierMixin(CacheState):
         if slots is None:
             self._unpin(pin)
             return 0
-        self._host_reserved += hits
         n_pages = hits // self.page_size
         job = self.storage.submit(StorageJob("get", tuple(keys[:n_pages]), slots))
-        start = self._depth_tokens(last)
         state = PrefetchState(
             request_id, key, namespace, start, keys[:n_pages], slots, job, pin, time.monotonic()
         )
@@ -150,10 +149,8 @@ class StorageTierMixin(CacheState):
     def release_prefetch(self, request_id: str) -> None:
         """The request no longer waits on its prefetch; a fetch still running
         is inserted when it lands. CacheError if unknown."""
-        state = self._prefetches.pop(request_id, None)
-        if state is None:
+        if self._prefetches.pop(request_id, None) is None:
             raise CacheError(f"no prefetch for request {request_id!r}")
-        state.released = True
 
     def _apply_storage(self, done: StorageCompletion) -> None:
         if done.job_id in self._puts:
@@ -177,7 +174,6 @@ class StorageTierMixin(CacheState):
         self.metrics.record_transfer("s2h", done.nbytes, done.error is None)
         outcome = "complete" if got == state.host_slots.numel() else "partial" if got else "failed"
         self.metrics.add(f"prefetch_{outcome}")
-        self._host_reserved -= state.host_slots.numel()
         if got < state.host_slots.numel():
             self.host_pool.allocator.free(state.host_slots[got:])
         self._insert_host(state, state.host_slots[:got])

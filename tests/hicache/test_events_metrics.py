@@ -36,10 +36,20 @@ def with_events(
 
 
 class Receiver:
-    """Reads every batch published so far, checking topic and sequence framing."""
+    """A subscriber that reads every batch published so far, checking topic
+    and sequence framing."""
 
-    def __init__(self, sub: zmq.Socket, pub: ZmqEventPublisher) -> None:
-        self.sub, self.pub, self.expected = sub, pub, 0
+    def __init__(self, pub: ZmqEventPublisher) -> None:
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.connect(pub.endpoint)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+        assert pub.wait_for_subscriber(5.0)
+        self.pub, self.expected = pub, 0
+
+    def close(self) -> None:
+        self.sub.close(0)
+        self.ctx.term()
 
     def receive(self) -> list[object]:
         events: list[object] = []
@@ -51,6 +61,11 @@ class Receiver:
             self.expected += 1
             events.extend(decode_batch(payload))
         return events
+
+
+def subscribe(cache: HiRadixCache) -> Receiver:
+    assert isinstance(cache.events, ZmqEventPublisher)
+    return Receiver(cache.events)
 
 
 def device_pages_from_events(events: list[object]) -> set[bytes]:
@@ -71,14 +86,7 @@ def device_pages_of_tree(cache: HiRadixCache) -> set[bytes]:
 
 def test_subscriber_rebuilds_device_pages_from_events() -> None:
     cache = with_events(page_size=4, pages=16)
-    pub = cache.events
-    assert isinstance(pub, ZmqEventPublisher)
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.connect(pub.endpoint)
-    sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
-    assert pub.wait_for_subscriber(5.0)
-    receiver = Receiver(sub, pub)
+    receiver = subscribe(cache)
     seen: list[object] = []
     for step, s in enumerate([seq(1, 16), seq(2, 24), [*seq(1, 8), *seq(3, 8)], seq(1, 16)]):
         serve(cache, s)
@@ -93,20 +101,13 @@ def test_subscriber_rebuilds_device_pages_from_events() -> None:
     cache.reset()
     seen.extend(receiver.receive())
     assert device_pages_from_events(seen) == set()
-    sub.close(0)
-    ctx.term()
+    receiver.close()
     cache.close()
 
 
 def test_storage_writes_and_host_evictions_are_announced() -> None:
     cache = with_events(page_size=4, pages=16, storage=True)
-    pub = cache.events
-    assert isinstance(pub, ZmqEventPublisher)
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.connect(pub.endpoint)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    assert pub.wait_for_subscriber(5.0)
+    receiver = subscribe(cache)
     a = seq(1, 16)
     serve(cache, a)
     cache.drain()
@@ -114,7 +115,7 @@ def test_storage_writes_and_host_evictions_are_announced() -> None:
     cache.evict(10**6)
     cache.evict_host(10**6)
     cache.poll()
-    events = Receiver(sub, pub).receive()
+    events = receiver.receive()
     keys = set(cache_keys(cache, a))
     stored = {
         k
@@ -130,8 +131,7 @@ def test_storage_writes_and_host_evictions_are_announced() -> None:
         for k in e.block_hashes
     }
     assert stored == keys and removed_host == keys
-    sub.close(0)
-    ctx.term()
+    receiver.close()
     cache.close()
 
 
@@ -139,14 +139,7 @@ def test_storage_evictions_are_announced() -> None:
     # A store of 6 pages: the second request's writes evict the first's pages.
     page_bytes = 4 * 2 * 2 * 2 * 4 * 4 + 56  # tokens × layers × K,V × heads × dim × fp32
     cache = with_events(page_size=4, pages=16, storage=True, store_bytes=6 * page_bytes)
-    pub = cache.events
-    assert isinstance(pub, ZmqEventPublisher)
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.connect(pub.endpoint)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    assert pub.wait_for_subscriber(5.0)
-    receiver = Receiver(sub, pub)
+    receiver = subscribe(cache)
     stored: set[bytes] = set()
     for tag in (1, 2, 3):
         serve(cache, seq(tag, 16))
@@ -161,8 +154,7 @@ def test_storage_evictions_are_announced() -> None:
         k for k in stored | set(cache_keys(cache, seq(1, 16))) if cache.storage.backend.exists([k])
     }
     assert stored == in_store and 0 < len(stored) <= 6
-    sub.close(0)
-    ctx.term()
+    receiver.close()
     cache.close()
 
 
