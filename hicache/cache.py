@@ -102,7 +102,7 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         self.metrics = CacheMetrics()
         self.events: EventSink | None = None
         if config.events.endpoint:
-            self.events = ZmqEventPublisher(config.events.endpoint, config.events.topic)
+            self.events = ZmqEventPublisher.from_config(config.events, config.storage.backend)
         self._metrics_server: MetricsServer | None = None
         if config.metrics.port:
             self._metrics_server = MetricsServer(

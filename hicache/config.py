@@ -154,10 +154,27 @@ class TransferConfig:
 
 @dataclass(frozen=True)
 class EventsConfig:
-    """KV events; published on a ZeroMQ PUB socket when ``endpoint`` is set."""
+    """KV events; published on a ZeroMQ PUB socket when ``endpoint`` is set,
+    encoded in vLLM's or SGLang's schema (``format``). A ROUTER socket on
+    ``replay_endpoint`` (when set) serves the last ``replay_buffer`` batches
+    again to subscribers that missed some."""
 
     endpoint: str = ""
     topic: str = "kv-events"
+    format: str = "vllm"
+    replay_endpoint: str = ""
+    replay_buffer: int = 10_000
+
+    def __post_init__(self) -> None:
+        from hicache.event_formats import FORMATS
+
+        _one_of(self.format, tuple(FORMATS), "events.format")
+        _check(self.replay_buffer >= 1, "events.replay_buffer", "must be >= 1")
+        _check(
+            not self.replay_endpoint or bool(self.endpoint),
+            "events.replay_endpoint",
+            "needs events.endpoint (replay serves what was published)",
+        )
 
 
 @dataclass(frozen=True)
