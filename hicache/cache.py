@@ -106,7 +106,11 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         self._metrics_server: MetricsServer | None = None
         if config.metrics.port:
             self._metrics_server = MetricsServer(
-                config.metrics.host, config.metrics.port, self.stats, self._gauges
+                config.metrics.host,
+                config.metrics.port,
+                self.stats,
+                self._gauges,
+                self.metrics.histograms,
             )
 
     def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:

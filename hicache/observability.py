@@ -58,8 +58,23 @@ class ObservabilityMixin(CacheState):
         return self.metrics.snapshot()
 
     def _gauges(self) -> Gauges:
-        host = 0
+        """Sizes for a Prometheus scrape (runs on the scrape thread: reads only)."""
+        host = host_capacity = storage_bytes = storage_capacity = storage_pages = 0
         if self.host_pool is not None:
             alloc = self.host_pool.allocator
-            host = alloc.capacity - alloc.available()
-        return Gauges(self.device_tokens(), host, self._protected)
+            host, host_capacity = alloc.capacity - alloc.available(), alloc.capacity
+        if self.storage is not None:
+            store = self.storage.backend.stats()
+            storage_bytes, storage_capacity = store.bytes_used, store.capacity_bytes
+            storage_pages = store.entries
+        return Gauges(
+            self.device_tokens(),
+            host,
+            self._protected,
+            device_capacity_tokens=self.device_pool.allocator.capacity,
+            host_capacity_tokens=host_capacity,
+            bytes_per_token=self.device_pool.shape.bytes_per_token,
+            storage_bytes=storage_bytes,
+            storage_capacity_bytes=storage_capacity,
+            storage_pages=storage_pages,
+        )
