@@ -21,6 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from hicache.events import PublisherStats
 from hicache.metrics import LATENCIES, CacheStats, Histogram, Latency
 
 
@@ -155,27 +156,46 @@ def gauge_families(g: Gauges) -> Iterator[Metric]:
         yield pages
 
 
+def publisher_families(p: PublisherStats) -> Iterator[Metric]:
+    for name, doc, val in (
+        ("kv_event_batches", "KV event batches published.", p.batches),
+        ("kv_event_replays", "KV event replay requests answered.", p.replays),
+        ("kv_event_replay_errors", "Malformed KV event replay requests and failed replays.",
+         p.replay_errors),
+    ):  # fmt: skip
+        metric = CounterMetricFamily(f"hicache_{name}", doc)
+        metric.add_metric([], val)
+        yield metric
+
+
+class Sources(NamedTuple):
+    """What a scrape reads; the optional parts are left out when None."""
+
+    stats: Callable[[], CacheStats]
+    gauges: Callable[[], Gauges]
+    histograms: Callable[[], Mapping[Latency, Histogram]] | None = None
+    publisher: Callable[[], PublisherStats] | None = None
+
+
 class _CacheCollector(Collector):
-    def __init__(
-        self,
-        stats: Callable[[], CacheStats],
-        gauges: Callable[[], Gauges],
-        histograms: Callable[[], Mapping[Latency, Histogram]] | None,
-    ) -> None:
-        self._stats, self._gauges, self._histograms = stats, gauges, histograms
+    def __init__(self, sources: Sources) -> None:
+        self._sources = sources
 
     def collect(self) -> Iterator[Metric]:
-        yield from counter_families(self._stats())
-        if self._histograms is not None:
-            yield from histogram_families(self._histograms())
-        yield from gauge_families(self._gauges())
+        src = self._sources
+        yield from counter_families(src.stats())
+        if src.histograms is not None:
+            yield from histogram_families(src.histograms())
+        yield from gauge_families(src.gauges())
+        if src.publisher is not None:
+            yield from publisher_families(src.publisher())
 
 
 class MetricsServer:
     """A Prometheus HTTP endpoint over one cache's counters, latency histograms
-    (when ``histograms`` is given) and gauges, with its own registry (never the
-    process-global one). ``close()`` stops it. Raises OSError when the port
-    cannot be bound."""
+    (when ``histograms`` is given), gauges and KV event publisher counters (when
+    ``publisher`` is given), with its own registry (never the process-global
+    one). ``close()`` stops it. Raises OSError when the port cannot be bound."""
 
     def __init__(
         self,
@@ -184,9 +204,10 @@ class MetricsServer:
         stats: Callable[[], CacheStats],
         gauges: Callable[[], Gauges],
         histograms: Callable[[], Mapping[Latency, Histogram]] | None = None,
+        publisher: Callable[[], PublisherStats] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_CacheCollector(stats, gauges, histograms))
+        self.registry.register(_CacheCollector(Sources(stats, gauges, histograms, publisher)))
         self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
         self.port = self._server.server_port
 

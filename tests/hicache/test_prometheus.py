@@ -10,6 +10,7 @@ from prometheus_client.samples import Sample
 
 from hicache.cache import HiRadixCache
 from hicache.config import MetricsConfig
+from hicache.events import PublisherStats
 from hicache.metrics import CacheMetrics, CacheStats
 from hicache.prometheus import COUNTERS, Gauges, MetricsServer
 from storage_backends import StorageConfig
@@ -45,7 +46,10 @@ def test_endpoint_serves_labelled_counters_histograms_and_gauges() -> None:
     metrics.observe_latency("storage_put", 0.002)
     metrics.observe_latency("load_back", 0.2)
     gauges = Gauges(7, 3, 1, device_capacity_tokens=64, host_capacity_tokens=128, bytes_per_token=4)
-    server = MetricsServer("127.0.0.1", 0, lambda: stats, lambda: gauges, metrics.histograms)
+    publisher = PublisherStats(batches=9, replays=2, replay_errors=1)
+    server = MetricsServer(
+        "127.0.0.1", 0, lambda: stats, lambda: gauges, metrics.histograms, lambda: publisher
+    )
     try:
         got = scrape(server.port)
     finally:
@@ -65,6 +69,8 @@ def test_endpoint_serves_labelled_counters_histograms_and_gauges() -> None:
     cap = got["hicache_tier_capacity_bytes"]
     assert value(cap, "hicache_tier_capacity_bytes", tier="device") == 256
     assert "hicache_storage_pages" not in got  # no storage tier: no store gauges
+    errors = got["hicache_kv_event_replay_errors"]
+    assert value(errors, "hicache_kv_event_replay_errors_total") == 1
 
 
 def test_a_cache_exports_its_tiers_and_latencies(tmp_path: Path) -> None:
