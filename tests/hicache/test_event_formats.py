@@ -3,10 +3,14 @@ from __future__ import annotations
 import hashlib
 
 import msgpack
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hicache.event_formats import FORMATS, block_hash, create_format
-from hicache.events import AllBlocksCleared, BlockRemoved, BlockStored
+from hicache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from tests.hicache.kv_event_peers import sglang_main, vllm_0_28
 
 KEYS = tuple(hashlib.sha256(bytes([i])).digest() for i in range(3))
 
@@ -51,3 +55,44 @@ def test_sglang_names_the_storage_medium_after_the_backend(backend: str, medium:
 def test_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown KV event format"):
         create_format("hicache", "lmdb")
+
+
+MEDIA = st.sampled_from(["device", "host", "storage"])
+KEY = st.binary(min_size=32, max_size=32)
+STORED = st.builds(
+    lambda keys, parent, size, ns, medium: BlockStored(
+        tuple(keys), parent, tuple(range(len(keys) * size)), size, ns, medium
+    ),
+    st.lists(KEY, min_size=1, max_size=4),
+    st.none() | KEY,
+    st.integers(1, 4),
+    st.none() | st.text(max_size=8),
+    MEDIA,
+)
+EVENT = STORED | st.builds(lambda k, m: BlockRemoved(tuple(k), m), st.lists(KEY, max_size=3), MEDIA)
+PEERS = {"vllm": (vllm_0_28, "lora_name"), "sglang": (sglang_main, "cache_salt")}
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@settings(max_examples=60, deadline=None)
+@given(events=st.lists(EVENT | st.just(AllBlocksCleared()), max_size=6), ts=st.floats(0, 2e9))
+def test_any_batch_round_trips_through_the_peer_decoder(
+    name: str, events: list[KVEvent], ts: float
+) -> None:
+    peer, ns_field = PEERS[name]
+    wire = create_format(name, "redis")
+    batch = msgspec.msgpack.Decoder(peer.KVEventBatch).decode(wire.encode(ts, events))
+    assert batch.ts == ts and len(batch.events) == len(events)
+    for ours, theirs in zip(events, batch.events, strict=True):
+        assert type(theirs).__name__ == type(ours).__name__
+        if isinstance(ours, AllBlocksCleared):
+            continue
+        assert theirs.block_hashes == [block_hash(k) for k in ours.block_hashes]
+        assert theirs.medium in peer.MEDIA
+        if isinstance(ours, BlockStored):
+            assert theirs.parent_block_hash == (
+                None if ours.parent_block_hash is None else block_hash(ours.parent_block_hash)
+            )
+            assert theirs.token_ids == list(ours.token_ids)
+            assert theirs.block_size == ours.block_size
+            assert getattr(theirs, ns_field) == ours.namespace
