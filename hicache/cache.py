@@ -27,6 +27,7 @@ from hicache.integrity import check_tree
 from hicache.metrics import CacheStats
 from hicache.observer import Observer
 from hicache.paging import align_down, align_up, empty_slots, page_of
+from hicache.prefetch_policy import create_prefetch_policy
 from hicache.prometheus import Gauges
 from hicache.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
 from hicache.records import (
@@ -93,6 +94,7 @@ class HiRadixCache:
         self.fingerprint = model_fingerprint(config.model, ps)
         self.keys = NodeKeys(self.fingerprint, ps)
         self._write = create_write_policy(config.policy.write_policy)
+        self._prefetch = create_prefetch_policy(config.policy.prefetch_policy)
         evict_policy = create_eviction_policy(config.policy.eviction)
         self.residency = ResidencyTree(ps, self.device_pool.allocator, evict_policy, self._on_split)
         self.host: HostTier | None = None
@@ -506,15 +508,9 @@ class HiRadixCache:
             self._route(self.store.poll())
         total = len(state.keys) * self.page_size
         policy = self.config.policy
-        if policy.prefetch_policy == "best_effort":
-            ready = True
-        elif policy.prefetch_policy == "wait_complete":
-            ready = state.done
-        else:
-            budget = (
-                policy.prefetch_timeout_base_s + policy.prefetch_timeout_per_1k_s * total / 1000
-            )
-            ready = state.done or time.monotonic() - state.started >= budget
+        budget = policy.prefetch_timeout_base_s + policy.prefetch_timeout_per_1k_s * total / 1000
+        waited = time.monotonic() - state.started
+        ready = self._prefetch.ready(state.done, waited, budget)
         return PrefetchStatus(ready, state.done, state.fetched, total)
 
     def wait_prefetch(self, request_id: str) -> PrefetchStatus:
