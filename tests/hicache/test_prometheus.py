@@ -94,6 +94,15 @@ def test_a_cache_exports_its_tiers_and_latencies(tmp_path: Path) -> None:
     assert value(got["hicache_tier_used_bytes"], "hicache_tier_used_bytes", tier="storage") > 0
     assert value(got["hicache_storage_pages"], "hicache_storage_pages") == 4
     assert value(got["hicache_prefetches"], "hicache_prefetches_total", outcome="complete") == 1
+    # Every latency the cache's parts report has been observed.
+    for family in ("load_back", "backup", "prefetch_wait"):
+        count = value(got[f"hicache_{family}_seconds"], f"hicache_{family}_seconds_count")
+        assert count >= 1, family
+    ops = got["hicache_storage_operation_seconds"]
+    for op in ("exists", "get", "put"):
+        assert value(ops, "hicache_storage_operation_seconds_count", op=op) >= 1, op
+    cap = value(ops, "hicache_storage_operation_seconds_bucket", op="put", le="+Inf")
+    assert cap == value(ops, "hicache_storage_operation_seconds_count", op="put")
 
 
 def free_port() -> int:
