@@ -10,8 +10,11 @@ helpers are safe to call from any thread.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+
+import msgspec
 
 if TYPE_CHECKING:
     from hicache.events import KVEvent
@@ -59,3 +62,29 @@ class WireFormat(Protocol):
     def replay_end(self, topic: bytes) -> list[bytes]:
         """Frames after ``[identity, b""]`` that end a replay."""
         ...
+
+
+Batch = TypeVar("Batch", bound=msgspec.Struct)
+
+
+class StructFormat(ABC, Generic[Batch]):
+    """A WireFormat whose batches are msgspec Structs of type ``batch`` (built
+    as ``batch(ts=..., events=[...])``); a subclass says how one event converts."""
+
+    name: str
+
+    def __init__(self, batch: type[Batch]) -> None:
+        self._batch = batch
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(batch)
+
+    @abstractmethod
+    def convert(self, event: KVEvent) -> msgspec.Struct:
+        """The peer's Struct for one event; ValueError for a non-event."""
+
+    def encode(self, ts: float, events: Sequence[KVEvent]) -> bytes:
+        return self._encoder.encode(self._batch(ts=ts, events=[self.convert(e) for e in events]))
+
+    def decode(self, payload: bytes) -> Batch:
+        """Inverse of ``encode``; msgspec.ValidationError/DecodeError for other bytes."""
+        return self._decoder.decode(payload)

@@ -24,11 +24,9 @@ topic, ended by ``[END_SEQ, b""]``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import msgspec
 
-from hicache.event_formats.base import END_SEQ, block_hash, parent_hash
+from hicache.event_formats.base import END_SEQ, StructFormat, block_hash, parent_hash
 from hicache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 LOCAL_DISK_BACKENDS = ("lmdb", "file")
@@ -67,7 +65,7 @@ class SglangAllBlocksCleared(_Event, tag="AllBlocksCleared"):
 SglangEvent = SglangBlockStored | SglangBlockRemoved | SglangAllBlocksCleared
 
 
-class SglangFormat:
+class SglangFormat(StructFormat[SglangBatch]):
     """SGLang's schema; ``storage_backend`` (a storage backend name) picks the
     medium storage pages are announced in."""
 
@@ -76,11 +74,9 @@ class SglangFormat:
     def __init__(self, storage_backend: str = "lmdb") -> None:
         storage = "DISK" if storage_backend in LOCAL_DISK_BACKENDS else "EXTERNAL"
         self.media = {"device": "GPU", "host": "CPU_PINNED", "storage": storage}
-        self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder(SglangBatch)
+        super().__init__(SglangBatch)
 
     def convert(self, event: KVEvent) -> SglangEvent:
-        """The SGLang form of one hicache event."""
         if isinstance(event, BlockStored):
             return SglangBlockStored(
                 block_hashes=[block_hash(k) for k in event.block_hashes],
@@ -97,13 +93,6 @@ class SglangFormat:
         if isinstance(event, AllBlocksCleared):
             return SglangAllBlocksCleared()
         raise ValueError(f"not a KV event: {event!r}")
-
-    def encode(self, ts: float, events: Sequence[KVEvent]) -> bytes:
-        return self._encoder.encode(SglangBatch(ts=ts, events=[self.convert(e) for e in events]))
-
-    def decode(self, payload: bytes) -> SglangBatch:
-        """Inverse of ``encode``; msgspec.ValidationError/DecodeError for other bytes."""
-        return self._decoder.decode(payload)
 
     def replay_frames(self, topic: bytes, seq: bytes, payload: bytes) -> list[bytes]:
         return [seq, payload]

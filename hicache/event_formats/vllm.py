@@ -26,11 +26,9 @@ Replay replies carry the topic, as vLLM's publisher sends them:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import msgspec
 
-from hicache.event_formats.base import END_SEQ, block_hash, parent_hash
+from hicache.event_formats.base import END_SEQ, StructFormat, block_hash, parent_hash
 from hicache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 MEDIA = {"device": "GPU", "host": "CPU", "storage": "STORAGE"}
@@ -68,41 +66,32 @@ class VllmAllBlocksCleared(_Event, tag="AllBlocksCleared"):
 VllmEvent = VllmBlockStored | VllmBlockRemoved | VllmAllBlocksCleared
 
 
-def to_vllm(event: KVEvent) -> VllmEvent:
-    """The vLLM form of one hicache event."""
-    if isinstance(event, BlockStored):
-        return VllmBlockStored(
-            block_hashes=[block_hash(k) for k in event.block_hashes],
-            parent_block_hash=parent_hash(event.parent_block_hash),
-            token_ids=list(event.token_ids),
-            block_size=event.block_size,
-            lora_id=None,
-            medium=MEDIA[event.medium],
-            lora_name=event.namespace,
-        )
-    if isinstance(event, BlockRemoved):
-        return VllmBlockRemoved([block_hash(k) for k in event.block_hashes], MEDIA[event.medium])
-    if isinstance(event, AllBlocksCleared):
-        return VllmAllBlocksCleared()
-    raise ValueError(f"not a KV event: {event!r}")
-
-
-class VllmFormat:
+class VllmFormat(StructFormat[VllmBatch]):
     """vLLM's schema; ``storage_backend`` is accepted for the registry's one
     constructor shape (vLLM names every storage tier ``STORAGE``)."""
 
     name = "vllm"
 
     def __init__(self, storage_backend: str = "") -> None:
-        self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder(VllmBatch)
+        super().__init__(VllmBatch)
 
-    def encode(self, ts: float, events: Sequence[KVEvent]) -> bytes:
-        return self._encoder.encode(VllmBatch(ts=ts, events=[to_vllm(e) for e in events]))
-
-    def decode(self, payload: bytes) -> VllmBatch:
-        """Inverse of ``encode``; msgspec.ValidationError/DecodeError for other bytes."""
-        return self._decoder.decode(payload)
+    def convert(self, event: KVEvent) -> VllmEvent:
+        if isinstance(event, BlockStored):
+            return VllmBlockStored(
+                block_hashes=[block_hash(k) for k in event.block_hashes],
+                parent_block_hash=parent_hash(event.parent_block_hash),
+                token_ids=list(event.token_ids),
+                block_size=event.block_size,
+                lora_id=None,
+                medium=MEDIA[event.medium],
+                lora_name=event.namespace,
+            )
+        if isinstance(event, BlockRemoved):
+            hashes = [block_hash(k) for k in event.block_hashes]
+            return VllmBlockRemoved(hashes, MEDIA[event.medium])
+        if isinstance(event, AllBlocksCleared):
+            return VllmAllBlocksCleared()
+        raise ValueError(f"not a KV event: {event!r}")
 
     def replay_frames(self, topic: bytes, seq: bytes, payload: bytes) -> list[bytes]:
         return [topic, seq, payload]
