@@ -133,6 +133,19 @@ class PolicyConfig:
             _check(getattr(self, name) >= 0, f"policy.{name}", "must be >= 0")
 
 
+def choice_fields() -> dict[str, tuple[str, ...]]:
+    """Config keys whose value is a name from a registry, with the names (for
+    the CLI help: the registries are the one list)."""
+    from storage_backends.registry import FACTORIES
+
+    return {
+        "policy.eviction": tuple(EVICTION_POLICIES),
+        "policy.write_policy": tuple(WRITE_POLICIES),
+        "policy.prefetch_policy": tuple(PREFETCH_POLICIES),
+        "storage.backend": tuple(FACTORIES),
+    }
+
+
 @dataclass(frozen=True)
 class TransferConfig:
     """How bytes move between device and host."""
