@@ -17,8 +17,8 @@ LINKS: tuple[Link, ...] = ("d2h", "h2d", "h2s", "s2h")
 PREFETCH_OUTCOMES = ("started", "complete", "partial", "failed", "below_threshold")
 
 # What a latency is measured for: a load-back (H2D submit -> completion applied),
-# a backup (D2H submit -> completion applied), a prefetch wait (prefetch submitted
-# -> its pages usable or given up), and one storage backend call by operation.
+# a backup (D2H submit -> completion applied), a prefetch wait (prefetch() ->
+# release_prefetch(), when the request goes on), one storage backend call.
 Latency = Literal[
     "load_back", "backup", "prefetch_wait", "storage_exists", "storage_get", "storage_put"
 ]

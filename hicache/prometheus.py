@@ -10,6 +10,7 @@ instead of a name per tier or link.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -62,7 +63,8 @@ COUNTERS: tuple[Family, ...] = (
            {"": "miss_tokens"}),
     Family("inserted_tokens", "Tokens newly inserted into the tree after a forward pass.", "",
            {"": "inserted_tokens"}),
-    Family("evicted_tokens", "Tokens dropped from a tier with no copy left on the tier below.",
+    Family("evicted_tokens", "Tokens freed from a tier with their node (device: no host copy "
+           "kept; host: storage may keep the pages).",
            "tier", {"device": "evicted_tokens_device", "host": "evicted_tokens_host"}),
     Family("demoted_tokens", "Device tokens evicted while a host copy stays (device -> host).",
            "", {"": "demoted_tokens_device"}),
@@ -77,20 +79,30 @@ COUNTERS: tuple[Family, ...] = (
                                           "below_threshold")}),
 )  # fmt: skip
 
-HISTOGRAMS: Mapping[Latency, tuple[str, str, str]] = {
-    # kind -> (family, help, op label value or "")
-    "load_back": ("load_back_seconds", "Load-back latency: H2D copy submitted to applied.", ""),
-    "backup": ("backup_seconds", "Backup latency: D2H copy submitted to applied.", ""),
-    "prefetch_wait": (
-        "prefetch_wait_seconds",
-        "How long a prefetch kept its request waiting: submitted to usable or given up.",
-        "",
-    ),
-    "storage_exists": ("storage_operation_seconds", "Latency of one storage backend call.",
-                       "exists"),
-    "storage_get": ("storage_operation_seconds", "Latency of one storage backend call.", "get"),
-    "storage_put": ("storage_operation_seconds", "Latency of one storage backend call.", "put"),
-}  # fmt: skip
+_STORAGE_HELP = "Latency of one storage backend call, by operation."
+HISTOGRAMS: Mapping[Latency, tuple[str, str, str]] = MappingProxyType(
+    {
+        # kind -> (family, help, op label value or "")
+        "load_back": (
+            "load_back_seconds",
+            "Load-back latency: H2D copy submitted until its completion was applied.",
+            "",
+        ),
+        "backup": (
+            "backup_seconds",
+            "Backup latency: D2H copy submitted until its completion was applied.",
+            "",
+        ),
+        "prefetch_wait": (
+            "prefetch_wait_seconds",
+            "How long a request waited on its storage prefetch: prefetch() to release_prefetch().",
+            "",
+        ),
+        "storage_exists": ("storage_operation_seconds", _STORAGE_HELP, "exists"),
+        "storage_get": ("storage_operation_seconds", _STORAGE_HELP, "get"),
+        "storage_put": ("storage_operation_seconds", _STORAGE_HELP, "put"),
+    }
+)
 
 
 def counter_families(stats: CacheStats) -> Iterator[Metric]:
