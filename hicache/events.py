@@ -89,7 +89,9 @@ class ReplayServer:
 
     A request is ``[identity, b"", start]`` (what a REQ or an enveloped DEALER
     sends) with ``start`` 8 big-endian bytes; the reply is every buffered
-    batch with a sequence >= ``start``, oldest first, then the end marker. A
+    batch with a sequence >= ``start``, oldest first, then the end marker
+    (several messages to one request, as vLLM's and SGLang's publishers send
+    them: a DEALER client reads them all, a REQ socket only the first). A
     malformed request is logged, counted and answered with the end marker
     alone; a failure never ends the thread.
     """
