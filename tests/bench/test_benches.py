@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 import hicache
-
 from hicache.bench import tiering
 from hicache.bench.workloads import (
     FewShotSpec,
