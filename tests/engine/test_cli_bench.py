@@ -85,3 +85,23 @@ def test_engine_bench_round_hits_the_intended_tier(tmp_path: Path) -> None:
         "host": (0, 128, 0),
         "storage": (0, 0, 128),
     }
+
+
+def test_cli_store_goes_to_the_user_cache_and_is_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    xdg = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    argv = ["--turns", "2", "--turn-tokens", "40", "--hidden", "64", "--vocab", "128"]
+    for key, value in SMALL.items():
+        argv += ["--set", f"{key}={value}"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    stores = list((xdg / "hicache" / "store").iterdir())
+    assert len(stores) == 1 and f"new store at {stores[0]}" in first
+    assert list(work.iterdir()) == []  # nothing in the working directory
+    assert main(argv) == 0
+    assert f"reusing the store at {stores[0]}" in capsys.readouterr().out
