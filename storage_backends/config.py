@@ -33,8 +33,12 @@ class StorageConfig:
     sync: bool = True
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"storage.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not _known_backend(self.backend):
+            raise ValueError(
+                f"storage.backend must be one of {BACKENDS}, a name registered under the "
+                f"'hicache.storage_backends' entry points, or package.module:Class; "
+                f"got {self.backend!r}"
+            )
         if self.max_bytes < 1:
             raise ValueError(f"storage.max_bytes must be >= 1, got {self.max_bytes}")
         if self.map_size < 0:
@@ -54,6 +58,12 @@ class StorageConfig:
         if self.path:
             return Path(self.path).expanduser()
         return user_cache_dir() / "store" / (self.fingerprint[:16] or "any-model")
+
+
+def _known_backend(name: str) -> bool:
+    from storage_backends.plugins import entry_point_names, is_dotted
+
+    return name in BACKENDS or is_dotted(name) or name in entry_point_names()
 
 
 def user_cache_dir() -> Path:
