@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from hicache import config_doc
 from hicache.config import CacheConfig, parse_override
 
 CONFIG_SUFFIX = ".toml"
@@ -102,20 +103,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 def config_keys() -> list[str]:
     """Every ``section.key`` a config file or ``--set`` may name."""
-    return sorted(_keys(CacheConfig, ""))
-
-
-def _keys(cls: type, prefix: str) -> list[str]:
-    import dataclasses
-
-    out = []
-    for f in dataclasses.fields(cls):
-        kind = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            out += _keys(kind, f"{prefix}{f.name}.")
-        else:
-            out.append(f"{prefix}{f.name}")
-    return out
+    return sorted(config_doc.config_keys())
 
 
 def check_override_keys(keys: Sequence[str]) -> None:
