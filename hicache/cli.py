@@ -12,7 +12,6 @@ TOML file; --set section.key=value overrides one field.
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import logging
 import sys
@@ -21,8 +20,14 @@ from types import MappingProxyType
 
 import hicache
 from hicache.bench import BENCH_EXTRA, config_flags, missing_extras
-from hicache.cli_common import HelpFormatter, add_command, load_config, verbose_parent
-from hicache.config import CacheConfig, parse_override
+from hicache.cli_common import (
+    HelpFormatter,
+    add_command,
+    load_config,
+    port_in_use,
+    verbose_parent,
+)
+from hicache.config import parse_override
 from storage_backends import StorageError
 
 # Sub-command name -> module exposing ``add_arguments(parser)``; each leaf
@@ -101,15 +106,10 @@ def _run(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> 
         print(f"hicache: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        config = getattr(args, "config", None)
-        if e.errno != errno.EADDRINUSE or not isinstance(config, CacheConfig):
+        message = port_in_use(e, getattr(args, "config", None))
+        if message is None:
             raise
-        metrics = config.metrics
-        print(
-            f"hicache: metrics.port {metrics.port}: {metrics.host}:{metrics.port} is already "
-            f"in use; set another port (--set metrics.port=N) or 0 to turn metrics off",
-            file=sys.stderr,
-        )
+        print(f"hicache: {message}", file=sys.stderr)
         return 2
 
 

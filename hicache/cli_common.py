@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import re
 from collections.abc import Sequence
 from importlib import resources
@@ -122,3 +123,15 @@ def load_config(args: argparse.Namespace) -> CacheConfig:
     overrides = dict(parse_override(text) for text in args.overrides)
     check_override_keys(list(overrides))
     return CacheConfig.from_toml(resolve_config(str(args.config)), overrides)
+
+
+def port_in_use(error: OSError, config: object) -> str | None:
+    """The message for a metrics port already taken, naming port and key; None
+    when ``error`` is something else."""
+    if error.errno != errno.EADDRINUSE or not isinstance(config, CacheConfig):
+        return None
+    m = config.metrics
+    return (
+        f"metrics.port {m.port}: {m.host}:{m.port} is already in use; "
+        f"set another port (--set metrics.port=N) or 0 to turn metrics off"
+    )

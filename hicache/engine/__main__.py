@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from hicache.cache import HiRadixCache
-from hicache.cli_common import add_config_flags, load_config
+from hicache.cli_common import add_config_flags, load_config, port_in_use
 from hicache.config import CacheConfig
 from hicache.engine.model import ModelSpec, TinyLlama
 from hicache.engine.request import Request, RequestOutput
@@ -102,12 +102,23 @@ def report(turn: int, prompt_len: int, out: RequestOutput) -> None:
     print(f"{turn:>4} {prompt_len:>7} {h.device:>7} {h.host:>7} {h.storage:>8} {ms:>9.1f}")
 
 
+def _start(config: CacheConfig, args: argparse.Namespace) -> Engine:
+    """``make_engine``, with a taken metrics port named as such."""
+    try:
+        return make_engine(config, args)
+    except OSError as e:
+        message = port_in_use(e, config)
+        if message is None:
+            raise
+        raise ValueError(message) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
     try:
         config = load_config(args)
-        engine = make_engine(config, args)
+        engine = _start(config, args)
     except (ValueError, OSError, StorageError) as e:
         print(f"hicache.engine: {e}", file=sys.stderr)
         return 2
