@@ -142,3 +142,11 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, capsys: object) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text("[device]\npage_size = -1\n")
     assert main(["bench", "tree", "--config", str(cfg)]) == 2
+
+
+@pytest.mark.parametrize("name", ["default", "device-only"])
+def test_shipped_configs_run_the_main_job(tmp_path: Path, name: str) -> None:
+    argv = ["bench", "tiering", "--config", name, "--clients", "2", "--rounds", "2"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "tiering.json").read_text())
+    assert report["configs"][-1]["hit_rate"] > 0
