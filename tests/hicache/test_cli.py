@@ -116,3 +116,22 @@ def test_metrics_port_in_use_names_port_and_key(
         assert main([*argv, "--set", f"metrics.port={port}"]) == 2
     err = capsys.readouterr().err
     assert f"metrics.port {port}" in err and "in use" in err
+
+
+def test_the_wheel_ships_the_configs(tmp_path: Path) -> None:
+    """Built as users get it (a wheel), the package carries every config."""
+    import subprocess
+    import zipfile
+
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
+    subprocess.run(
+        [*cmd, "--quiet", "-w", str(tmp_path), str(REPO)],
+        check=True,
+        timeout=240,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    (wheel,) = tmp_path.glob("hicache-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for config in (REPO / "configs").glob("*.toml"):
+        assert f"hicache/configs/{config.name}" in names
