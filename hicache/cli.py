@@ -30,8 +30,10 @@ from hicache.cli_common import (
 from hicache.config import parse_override
 from storage_backends import StorageError
 
-# Sub-command name -> module exposing ``add_arguments(parser)``; each leaf
-# parser sets ``run`` (``args -> exit status``). Add a command with one line.
+# Sub-command name -> module exposing ``add_arguments(parser)`` (its docstring
+# is the command's help). Each leaf parser sets ``run`` (``args -> exit
+# status``); one that calls ``cli_common.add_config_flags`` gets ``args.config``
+# as a loaded CacheConfig. Add a command with one line here.
 COMMANDS: MappingProxyType[str, str] = MappingProxyType(
     {
         "bench": "hicache.bench",
@@ -39,7 +41,7 @@ COMMANDS: MappingProxyType[str, str] = MappingProxyType(
     }
 )
 
-
+# Loggers that ``-v`` turns to DEBUG (third-party ones stay at INFO).
 PACKAGES = ("hicache", "storage_backends", "transfer", "device_pool", "host_pool")
 
 
