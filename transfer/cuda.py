@@ -89,8 +89,8 @@ class _Staging:
 
     def __init__(self, nbytes: int) -> None:
         self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+        self.ring = StagingRing(self.buffer, STAGING_SLOTS)  # checks the size first
         self._registration = PinnedRegistration(self.buffer, pin=True)
-        self.ring = StagingRing(self.buffer, STAGING_SLOTS)
 
     def close(self) -> None:
         self._registration.release()
@@ -133,8 +133,8 @@ class CudaTransferEngine(QueuedEngine):
         if io_backend == "kernel":
             self._kernel = BlockCopyKernel(device_pool, host_pool)
         else:
-            self._check_staging(staging_bytes, host_pool.page_size)
             self._staging = (_Staging(staging_bytes), _Staging(staging_bytes))
+            self._check_staging(self._staging[0].ring.slot_bytes, host_pool.page_size)
         self._layer_events: list[torch.cuda.Event | None] = []
         self._finisher: Lane[_Inflight] = Lane("hicache-cuda-finish", self._finish)
         self._loader: Lane[_Batch] = Lane("hicache-cuda-load", self._load)
@@ -158,13 +158,15 @@ class CudaTransferEngine(QueuedEngine):
     def _dtype(self) -> torch.dtype:
         return self._device_pool.shape.dtype
 
-    def _check_staging(self, staging_bytes: int, host_page: int) -> None:
-        slot = staging_bytes // STAGING_SLOTS
+    def _check_staging(self, slot_bytes: int, host_page: int) -> None:
+        """ValueError (after unregistering the staging) unless a page block fits a slot."""
         row = self._kv * host_page * self._token_bytes
-        if row > slot:
+        if row > slot_bytes:
+            for staging in self._staging or ():
+                staging.close()
             raise ValueError(
-                f"staging_bytes={staging_bytes} gives {slot}-byte slots; one page block "
-                f"needs {row}: raise staging_bytes"
+                f"staging slots of {slot_bytes} bytes cannot hold one page block of "
+                f"{row} bytes: raise staging_bytes"
             )
 
     # ---- owner thread -------------------------------------------------------
