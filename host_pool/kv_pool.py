@@ -68,7 +68,7 @@ class HostKVPool:
         # Checked before the allocator too: its free list is itself O(pages) memory.
         check_host_memory(pinned_size(nbytes) if pin_memory else nbytes, reserve_bytes)
         self.allocator = PagedAllocator(self._size, page_size)
-        self._data = allocate_host(dims, shape.dtype)
+        self._data = allocate_host(dims, shape.dtype, page_aligned=pin_memory)
         self._pinned = PinnedRegistration(self._data, pin_memory)
         self._finalizer = weakref.finalize(self, self._pinned.release)
 

@@ -57,9 +57,26 @@ def check_host_memory(nbytes: int, reserve_bytes: int) -> None:
         )
 
 
-def allocate_host(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed, pageable CPU tensor whose pages are all resident (zeroing touches them)."""
-    tensor = torch.empty(shape, dtype=dtype)
+def allocate_host(
+    shape: tuple[int, ...], dtype: torch.dtype, page_aligned: bool = False
+) -> torch.Tensor:
+    """A zeroed, pageable CPU tensor whose pages are all resident (zeroing touches them).
+
+    ``page_aligned``: the memory is whole pages of its own (an anonymous
+    mapping), as registration needs: two registered buffers that shared a
+    page would make the second ``cudaHostRegister`` fail.
+    """
+    if not page_aligned:
+        return torch.empty(shape, dtype=dtype).zero_()
+    numel = 1
+    for d in shape:
+        numel *= d
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    # The tensor keeps the mapping alive; the mapping is zero-filled already.
+    raw = torch.frombuffer(
+        mmap.mmap(-1, max(pinned_size(nbytes), mmap.PAGESIZE)), dtype=torch.uint8
+    )
+    tensor = raw[:nbytes].view(dtype).view(shape)
     tensor.zero_()
     return tensor
 

@@ -34,7 +34,7 @@ import torch
 
 from device_pool.kv_pool import DeviceKVPool
 from host_pool.kv_pool import HostKVPool
-from host_pool.memory import PinnedRegistration
+from host_pool.memory import PinnedRegistration, allocate_host
 from transfer.base import Completion
 from transfer.kernels import BlockCopyKernel, indexed_device
 from transfer.lane import Lane
@@ -88,7 +88,7 @@ class _Staging:
     """A lane's registered host buffer and the ring over it; ``close`` unregisters."""
 
     def __init__(self, nbytes: int) -> None:
-        self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+        self.buffer = allocate_host((nbytes,), torch.uint8, page_aligned=True)
         self.ring = StagingRing(self.buffer, STAGING_SLOTS)  # checks the size first
         self._registration = PinnedRegistration(self.buffer, pin=True)
 
