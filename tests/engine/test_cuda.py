@@ -20,6 +20,7 @@ import torch
 from device_pool import DeviceKVPool
 from hicache.config import TransferConfig
 from hicache.engine import Request, RequestOutput, Segment, TinyLlama
+from host_pool import HostKVPool
 from tests.engine.helpers import (
     SPEC,
     assert_clean,
@@ -32,7 +33,7 @@ from tests.engine.helpers import (
     tokens,
 )
 from tests.engine.test_mla import MLA
-from transfer import TransferOp
+from transfer import TransferOp, create_transfer_engine
 
 LOGIT_ATOL = 1e-3
 pytestmark = [
@@ -91,25 +92,21 @@ def test_cached_engine_matches_the_reference_on_cuda(
 def test_forward_does_not_sync_with_the_gpu_per_layer() -> None:
     """Slots cross to the device once per pass: no layer syncs (which would cancel
     the overlap of per-layer loads with compute). A load batch is in flight."""
-    cfg = config(16, 512, host=True, device="cuda")
-    eng = engine(cfg)
-    cache, model = eng.cache, eng.model
-    assert isinstance(model, TinyLlama)
-    pool: DeviceKVPool = cache.device_pool
-    slots = torch.arange(64)
-    host = cache.host_pool
-    assert host is not None and cache.transfer is not None
-    cache.transfer.submit(TransferOp("h2d", slots[32:], torch.arange(32)))
-    cache.transfer.start_loading()
-    segments = [Segment(torch.tensor(tokens(random.Random(1), 32)), 0, slots[:32])]
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        logits = model.forward(segments, pool, cache.transfer.wait_layer)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    assert logits.device.type == "cuda" and logits.shape == (1, SPEC.vocab)
-    cache.transfer.close()
+    shape = config(16, 512).model.kv_shape()
+    pool = DeviceKVPool(shape, 512, 16, "cuda")
+    host = HostKVPool(shape, 512, 16, pin_memory=True, reserve_bytes=0)
+    model = TinyLlama(SPEC, pool.device)
+    segments = [Segment(torch.tensor(tokens(random.Random(1), 32)), 0, torch.arange(32))]
+    with create_transfer_engine(pool, host) as transfer:
+        transfer.submit(TransferOp("h2d", torch.arange(64, 128), torch.arange(64)))
+        transfer.start_loading()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            logits = model.forward(segments, pool, transfer.wait_layer)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert logits.device.type == "cuda" and logits.shape == (1, SPEC.vocab)
 
 
 def test_generate_on_cuda_returns_every_token() -> None:
