@@ -87,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-lora-rank", type=int, default=128, help="MLA latent width")
     parser.add_argument("--rope-dim", type=int, default=32, help="MLA rotary key width")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds (p50/p90 over them)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (default: torch's); 1 is steadier on a busy machine",
+    )
     parser.add_argument("--dir", type=Path, help="scratch directory for LMDB (default: temp)")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
 
@@ -300,6 +305,10 @@ def print_report(doc: dict[str, object], out: Callable[[str], None] = print) -> 
 def run(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise ValueError("--repeat must be >= 1")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
     if args.repeat < 5:
         logger.warning(
             "p90 over %d rounds is not worth quoting; use --repeat 5 or more", args.repeat

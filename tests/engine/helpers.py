@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from hicache.cache import HiRadixCache
@@ -23,6 +25,11 @@ SPEC = ModelSpec(
     vocab=256,
     attention_block=16,
 )
+# The same model with DeepSeek-style latent attention (one latent per token and layer).
+MLA = dataclasses.replace(
+    SPEC, attention="mla", kv_heads=1, head_dim=16, kv_lora_rank=24, rope_dim=8
+)
+SPECS = [pytest.param(SPEC, id="mha"), pytest.param(MLA, id="mla")]
 
 
 def config(

@@ -88,7 +88,7 @@ def test_engine_bench_mla_variant(tmp_path: Path) -> None:
     assert doc["hits_last_round"]["host"] == [0, 64, 0]
 
 
-def test_engine_bench_probes_time_the_tier_alone(tmp_path: Path) -> None:
+def test_engine_bench_round_hits_the_intended_tier_and_times_probes(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     args = parser.parse_args(["--prefix-tokens", "128", "--suffix-tokens", "8"])
@@ -102,25 +102,12 @@ def test_engine_bench_probes_time_the_tier_alone(tmp_path: Path) -> None:
         runner.close()
     assert [p.kind for p in result.probes] == list(bench.PROBES)
     assert all(p.tokens == 128 and p.ms > 0 for p in result.probes)
-    assert [s.case for s in result.samples] == list(bench.CASES)
-    assert len(result.drops) == 2 and all(d.files >= 1 for d in result.drops)
-
-
-def test_engine_bench_round_hits_the_intended_tier(tmp_path: Path) -> None:
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    args = parser.parse_args(["--prefix-tokens", "128", "--suffix-tokens", "8"])
-    args.hidden, args.vocab = 64, 256
-    config = bench.bench_config(CacheConfig.from_toml(DEFAULT, SMALL), tmp_path / "s", 1024)
-    engine = bench.build_engine(config, args)
-    try:
-        samples = bench.one_round(engine, args, random.Random(0))
-    finally:
-        engine.cache.close()
-    hits = {s.case: (s.hits.device, s.hits.host, s.hits.storage) for s in samples}
+    hits = {s.case: (s.hits.device, s.hits.host, s.hits.storage) for s in result.samples}
     assert hits == {
         "recompute": (0, 0, 0),
         "device": (128, 0, 0),
         "host": (0, 128, 0),
         "storage": (0, 0, 128),
+        "storage_cold": (0, 0, 128),
     }
+    assert len(result.drops) == 2 and all(d.files >= 1 for d in result.drops)

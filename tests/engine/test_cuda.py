@@ -10,7 +10,6 @@ page (which moves logits by O(1)).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import random
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from hicache.config import TransferConfig
 from hicache.engine import Request, RequestOutput, Segment, TinyLlama
 from host_pool import HostKVPool
 from tests.engine.helpers import (
+    MLA,
     SPEC,
     assert_clean,
     chat,
@@ -32,20 +32,13 @@ from tests.engine.helpers import (
     reference,
     tokens,
 )
-from tests.engine.test_mla import MLA
+from tests.transfer.transfer_helpers import IO_BACKENDS
 from transfer import TransferOp, create_transfer_engine
 
 LOGIT_ATOL = 1e-3
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-]
-IO_BACKENDS = [
-    "direct",
-    pytest.param(
-        "kernel",
-        marks=pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="needs cupy"),
-    ),
 ]
 
 

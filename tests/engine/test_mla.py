@@ -1,10 +1,10 @@
 """The MLA (latent attention) model: cached runs equal a full recompute, bit for bit.
 
 MLA pools keep one latent vector per token and layer (the compressed
-``c_kv`` plus the decoupled rotary key). These tests prove that such pools
-survive every tier on the way back to attention: device hits, host
-load-backs (both host layouts) and storage prefetches, against the no-cache
-reference of the same model.
+``c_kv`` plus the decoupled rotary key). The chat tests of tests/engine/test_correctness.py run
+this model through device hits, host load-backs (both host layouts) and
+storage prefetches with a restart; here: its pool geometry, validation,
+chunking and a shared prompt across the tiers.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ import torch
 from device_pool import DeviceKVPool, KVShape
 from hicache.engine import ModelSpec, Request, Segment, TinyLlama
 from tests.engine.helpers import (
+    MLA,
     SPEC,
-    assert_clean,
     assert_same,
-    chat,
     config,
     engine,
     generate,
@@ -31,16 +30,6 @@ from tests.engine.helpers import (
     reference,
     tokens,
 )
-
-MLA = dataclasses.replace(
-    SPEC, attention="mla", kv_heads=1, head_dim=16, kv_lora_rank=24, rope_dim=8
-)
-PAGE_SIZES = [1, 16]
-
-
-def user_turns(seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [tokens(rng, n) for n in (40, 21, 33)]
 
 
 def test_mla_pool_keeps_one_latent_per_token_and_layer() -> None:
@@ -75,44 +64,6 @@ def test_mla_chunked_forward_is_bit_identical() -> None:
     for a, b in [(0, 17), (17, 50), (50, 90)]:
         last = model.forward([Segment(seq[a:b], a, slots[:b])], pool, lambda i: None)[0]
     assert torch.equal(last, full)
-
-
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_mla_device_hits(page_size: int) -> None:
-    turns = user_turns(1)
-    want = chat(reference(chunk_size=1000, spec=MLA), turns)
-    eng = engine(config(page_size, 1024, spec=MLA), chunk_size=24, spec=MLA)
-    got = chat(eng, turns)
-    assert_same(got, want)
-    assert all(out.hits.device > 0 for out in got[1:])
-    assert_clean(eng.cache)
-
-
-@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_mla_host_load_back(page_size: int, layout: str) -> None:
-    turns = user_turns(2)
-    want = chat(reference(spec=MLA), turns)
-    eng = engine(config(page_size, 1024, host=True, spec=MLA, layout=layout), spec=MLA)
-    got = chat(eng, turns, between=push_to_host)
-    assert_same(got, want)
-    assert all(out.hits.host > 0 and out.hits.device == 0 for out in got[1:])
-    assert_clean(eng.cache)
-
-
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_mla_storage_prefetch_and_restart(tmp_path: Path, page_size: int) -> None:
-    turns = user_turns(3)
-    want = chat(reference(spec=MLA), turns)
-    eng = engine(config(page_size, 1024, store=tmp_path / "store", spec=MLA), spec=MLA)
-    got = chat(eng, turns, between=push_to_storage)
-    assert_same(got, want)
-    assert all(out.hits.storage > 0 and out.hits.device == 0 for out in got[1:])
-    assert_clean(eng.cache)
-    eng.cache.close()
-    again = engine(config(page_size, 1024, store=tmp_path / "store", spec=MLA), spec=MLA)
-    assert_same(chat(again, turns), want)
-    again.cache.close()
 
 
 def test_mla_shared_prompt_across_tiers(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from device_pool.kv_pool import DeviceKVPool
 from host_pool.kv_pool import HostKVPool
 from host_pool.memory import pinned_size
 from tests.transfer.transfer_helpers import (
+    IO_BACKENDS,
     make_pools,
     make_shape,
     random_pages,
@@ -25,13 +26,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-BACKENDS = [
-    "direct",
-    pytest.param(
-        "kernel",
-        marks=pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="needs cupy"),
-    ),
-]
+BACKENDS = IO_BACKENDS
 
 
 @pytest.mark.parametrize("io_backend", BACKENDS)
@@ -106,11 +101,22 @@ def read_after_wait_layers(engine, dev, slots: torch.Tensor) -> list[list[torch.
     return [[t.cpu() for t in layer] for layer in got]
 
 
+DEVICES = [
+    "cuda",
+    pytest.param(
+        "cuda:1",
+        marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs"),
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("io_backend", BACKENDS)
 @pytest.mark.parametrize("layout", ["layer_first", "page_first"])
-def test_reads_after_wait_layer_see_the_loaded_kv(io_backend: str, layout: str):
-    """Without a GPU-side wait in wait_layer the reads run during the stall and see zeros."""
-    dev, host = make_pools(make_shape("mha", torch.float16), 16, layout, device="cuda")
+def test_reads_after_wait_layer_see_the_loaded_kv(io_backend: str, layout: str, device: str):
+    """Without a GPU-side wait in wait_layer the reads run during the stall and see zeros.
+    On cuda:1 (current device 0), mapping, tables and copies must use the pool's device."""
+    dev, host = make_pools(make_shape("mha", torch.float16), 16, layout, device=device)
     randomize(dev, seed=3)
     src, dst, host_slots = disjoint_pages(dev.size, 16, 3, 2)
     want = snapshot(dev, src)
@@ -119,7 +125,8 @@ def test_reads_after_wait_layer_see_the_loaded_kv(io_backend: str, layout: str):
         op_id = engine.submit(TransferOp("h2d", dst, host_slots))
         stall(engine.load_stream)  # type: ignore[attr-defined]
         engine.start_loading()
-        got = read_after_wait_layers(engine, dev, dst)
+        with torch.cuda.device(dev.device):  # the compute stream of the pool's device
+            got = read_after_wait_layers(engine, dev, dst)
         assert engine.wait(op_id, TIMEOUT).ok
     assert same(got, want)
 
@@ -235,25 +242,6 @@ def test_auto_and_bare_cuda_resolve_to_an_indexed_device():
     for name in ("auto", "cuda"):
         pool = DeviceKVPool(shape, 64, 16, device=name)
         assert pool.device == torch.device("cuda", torch.cuda.current_device())
-
-
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-@pytest.mark.parametrize("io_backend", BACKENDS)
-def test_pools_on_a_second_device(io_backend: str):
-    """Mapping, tables and copies happen on the pool's device, not the current one."""
-    assert torch.cuda.current_device() == 0
-    dev, host = make_pools(make_shape("mha", torch.float16), 16, "page_first", device="cuda:1")
-    randomize(dev, seed=6)
-    src, dst, host_slots = disjoint_pages(dev.size, 16, 3, 2)
-    want = snapshot(dev, src)
-    with create_transfer_engine(dev, host, io_backend=io_backend) as engine:  # type: ignore[arg-type]
-        assert engine.wait(engine.submit(TransferOp("d2h", src, host_slots)), TIMEOUT).ok
-        op_id = engine.submit(TransferOp("h2d", dst, host_slots))
-        engine.start_loading()
-        with torch.cuda.device(1):
-            got = read_after_wait_layers(engine, dev, dst)
-        assert engine.wait(op_id, TIMEOUT).ok
-    assert same(got, want)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="needs cupy")
