@@ -102,11 +102,12 @@ def test_prefetch_policies_stay_correct(tmp_path: Path, page_size: int, policy: 
     eng.cache.close()
 
 
+@pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_shared_system_prompt_batched(page_size: int) -> None:
+def test_shared_system_prompt_batched(page_size: int, spec: ModelSpec) -> None:
     requests = shared_prompt_requests(5)
-    want = generate(reference(), requests)
-    eng = engine(config(page_size, 2048), chunk_size=100)
+    want = generate(reference(spec=spec), requests)
+    eng = engine(config(page_size, 2048, spec=spec), chunk_size=100, spec=spec)
     got = generate(eng, requests)
     assert_same(got, want)
     assert sum(out.hits.device for out in got) >= 64 * (len(requests) - 2)
