@@ -26,7 +26,6 @@ waits for the compute stream.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Literal, NamedTuple
 
@@ -38,9 +37,16 @@ from host_pool.memory import PinnedRegistration, allocate_host
 from transfer.base import Completion
 from transfer.kernels import BlockCopyKernel, indexed_device
 from transfer.lane import Lane
+from transfer.pieces import (
+    gather_from_device,
+    gather_from_host,
+    scatter_to_device,
+    scatter_to_host,
+    stage_view,
+    sub_plan,
+)
 from transfer.plan import CopyPlan
 from transfer.queued import PlannedOp, QueuedEngine
-from transfer.rows import as_bytes, gather_rows, host_rows
 from transfer.staging import StagingRing, block_ranges
 
 logger = logging.getLogger(__name__)
@@ -257,15 +263,12 @@ class CudaTransferEngine(QueuedEngine):
         index, stage = self._stage(plan, blocks, ring)
         dev_stage = torch.empty(stage.shape, dtype=self._dtype, device=self._device)
         src = dev_blocks[blocks.start : blocks.stop]
-        for k, buf in enumerate(self._device_pool.layer_buffers(layer)):
-            gather_device(_block_view(buf, plan), src, dev_stage[k])
+        gather_from_device(self._device_pool, layer, plan, src, dev_stage)
         stage.copy_(dev_stage, non_blocking=True)
-        part = _sub_plan(plan, blocks)
+        part = sub_plan(plan, blocks)
 
         def scatter() -> None:
-            for k, pages in enumerate(self._host_pool.layer_pages(layer)):
-                dst = host_rows(pages, part)
-                dst.array[dst.index] = as_bytes(stage[k])
+            scatter_to_host(self._host_pool, layer, part, stage)
 
         ring.commit(index, self._stream.record_event(), scatter)
 
@@ -273,7 +276,7 @@ class CudaTransferEngine(QueuedEngine):
         """A staging slot viewed as ``[kv, len(blocks), block elements]``."""
         block_bytes = plan.block_tokens * self._token_bytes
         index, raw = ring.acquire(self._kv * len(blocks) * block_bytes)
-        return index, raw.view(self._dtype).view(self._kv, len(blocks), -1)
+        return index, stage_view(raw, self._dtype, self._kv, len(blocks))
 
     # ---- load lane ----------------------------------------------------------
 
@@ -332,14 +335,10 @@ class CudaTransferEngine(QueuedEngine):
         self, plan: CopyPlan, layer: int, blocks: range, dev_blocks: torch.Tensor, ring: StagingRing
     ) -> None:
         index, stage = self._stage(plan, blocks, ring)
-        part = _sub_plan(plan, blocks)
-        for k, pages in enumerate(self._host_pool.layer_pages(layer)):
-            src = host_rows(pages, part)
-            gather_rows(src.array, src.index, as_bytes(stage[k]))
+        gather_from_host(self._host_pool, layer, sub_plan(plan, blocks), stage)
         dev_stage = stage.to(self._device, non_blocking=True)
         dst = dev_blocks[blocks.start : blocks.stop]
-        for k, buf in enumerate(self._device_pool.layer_buffers(layer)):
-            _block_view(buf, plan).index_copy_(0, dst, dev_stage[k])
+        scatter_to_device(self._device_pool, layer, plan, dst, dev_stage)
         ring.commit(index, self._stream.record_event(), None)
 
     # ---- finisher thread ----------------------------------------------------
@@ -354,26 +353,6 @@ class CudaTransferEngine(QueuedEngine):
         except Exception as exc:
             error = error or _describe(exc)
         self._post(item.op, error)
-
-
-def gather_device(blocks: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
-    """``out[:] = blocks[index]`` on the device (a seam the failure tests patch)."""
-    torch.index_select(blocks, 0, index, out=out)
-
-
-def _block_view(buf: torch.Tensor, plan: CopyPlan) -> torch.Tensor:
-    return buf.view(buf.shape[0] // plan.block_tokens, -1)
-
-
-def _sub_plan(plan: CopyPlan, blocks: range) -> CopyPlan:
-    lo, hi = blocks.start, blocks.stop
-    return dataclasses.replace(
-        plan,
-        device_blocks=plan.device_blocks[lo:hi],
-        host_pages=plan.host_pages[lo:hi],
-        host_offsets=plan.host_offsets[lo:hi],
-        num_tokens=(hi - lo) * plan.block_tokens,
-    )
 
 
 def _record_after(stream: torch.cuda.Stream, device: torch.device) -> torch.cuda.Event | None:

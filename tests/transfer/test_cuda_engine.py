@@ -170,8 +170,9 @@ def test_a_failed_backup_is_posted_after_its_queued_copies(monkeypatch: pytest.M
 
     dev, host = make_pools(make_shape("mha", torch.float16), 16, "layer_first", device="cuda")
     slots = torch.arange(4 * 16)
-    # Calls 1-2 gather layer 0 (K, V), whose copy is then queued; call 3 fails.
-    monkeypatch.setattr(cuda_module, "gather_device", fail_on_call(3, cuda_module.gather_device))
+    # Call 1 gathers layer 0, whose copy is then queued; call 2 (layer 1) fails.
+    real = cuda_module.gather_from_device
+    monkeypatch.setattr(cuda_module, "gather_from_device", fail_on_call(2, real))
     with create_transfer_engine(dev, host) as engine:
         stall(engine.backup_stream)  # type: ignore[attr-defined]
         done = engine.wait(engine.submit(TransferOp("d2h", slots, slots)), TIMEOUT)
@@ -191,8 +192,9 @@ def test_a_failed_load_is_posted_after_its_queued_copies(
     if io_backend == "kernel":
         real = kernels_module.BlockCopyKernel.launch
         monkeypatch.setattr(kernels_module.BlockCopyKernel, "launch", fail_on_call(2, real))
-    else:  # layer 0 gathers K and V (calls 1-2); layer 1 fails
-        monkeypatch.setattr(cuda_module, "gather_rows", fail_on_call(3, cuda_module.gather_rows))
+    else:  # call 1 stages layer 0; call 2 (layer 1) fails
+        real = cuda_module.gather_from_host
+        monkeypatch.setattr(cuda_module, "gather_from_host", fail_on_call(2, real))
     with create_transfer_engine(dev, host, io_backend=io_backend) as engine:  # type: ignore[arg-type]
         op_id = engine.submit(TransferOp("h2d", slots, slots))
         stall(engine.load_stream)  # type: ignore[attr-defined]
