@@ -160,6 +160,9 @@ def one_round(engine: Engine, args: argparse.Namespace, rng: random.Random) -> l
     prefix = [rng.randrange(args.vocab) for _ in range(args.prefix_tokens)]
     samples = []
     for case in CASES[:4]:
+        # Quiet first: the previous request's backups and storage writes would
+        # otherwise run during this one (and inflate the suffix-only compute).
+        engine.cache.drain()
         if case in ("host", "storage"):
             push_down(engine.cache, case)
         samples.append(ask(engine, case, prefix, rng, args.vocab, args.suffix_tokens))
@@ -226,7 +229,7 @@ class Runner:
         probes.append(time_prefetch(self.engine.cache, prefix, "prefetch"))
         drops = [self.restart_cold()]
         probes.append(time_prefetch(self.engine.cache, prefix, "prefetch_cold"))
-        drops.append(self.restart_cold())
+        drops.append(self.restart_cold())  # closing drained every write
         # Its tier cost subtracts the warm cases' device TTFT: same lengths, same compute.
         cold = ask(self.engine, "storage_cold", prefix, rng, args.vocab, args.suffix_tokens)
         self.engine.cache.drain()
