@@ -13,20 +13,22 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 import torch
 
 from device_pool import DeviceKVPool
 from hicache.config import CacheConfig
 from hicache.errors import CacheError
+from hicache.events import EventSink
 from hicache.eviction import create_eviction_policy
 from hicache.factory import build_device_pool, build_host_pool, build_transfer
 from hicache.hashing import NodeKeys, model_fingerprint, page_keys
 from hicache.host_tier import HostTier
 from hicache.integrity import check_tree
-from hicache.metrics import CacheStats
+from hicache.metrics import CacheMetrics, CacheStats
 from hicache.observer import Observer
-from hicache.paging import align_down, align_up, empty_slots, page_of
+from hicache.paging import PageTable, align_down, align_up, empty_slots
 from hicache.prefetch_policy import create_prefetch_policy
 from hicache.prometheus import Gauges
 from hicache.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
@@ -91,6 +93,7 @@ class HiRadixCache:
         if self.device_pool.page_size != ps:
             raise ValueError("device pool page_size differs from device.page_size")
         self.host_pool = host_pool or build_host_pool(config, self.device_pool)
+        self._pages = PageTable(self.device_pool.allocator.capacity, ps)
         self.fingerprint = model_fingerprint(config.model, ps)
         self.keys = NodeKeys(self.fingerprint, ps)
         self._write = create_write_policy(config.policy.write_policy)
@@ -134,11 +137,11 @@ class HiRadixCache:
         return None if self.store is None else self.store.io
 
     @property
-    def metrics(self):
+    def metrics(self) -> CacheMetrics:
         return self.observer.metrics
 
     @property
-    def events(self):
+    def events(self) -> EventSink | None:
         return self.observer.events
 
     # match and insert ---------------------------------------------------------
@@ -204,11 +207,7 @@ class HiRadixCache:
         tail page, and drop the lock it held on ``last_node`` (from its match)."""
         key, aligned = self._door(tokens, device_slots)
         self.residency.check_node(last_node, locked=True)
-        tail = (
-            page_of(int(device_slots[aligned]), self.page_size)
-            if aligned < len(key)
-            else empty_slots()
-        )
+        tail = self._pages.of(int(device_slots[aligned])) if aligned < len(key) else empty_slots()
         result = self._insert(key, aligned, device_slots, namespace, tail, True, priority)
         self.residency.unlock(last_node)
         return result
@@ -578,7 +577,7 @@ class HiRadixCache:
             self._route(self.store.drain())
         self.poll()
 
-    def _route(self, records: list[Record]) -> PollResult:
+    def _route(self, records: Sequence[Record]) -> PollResult:
         """Apply each part's records to the parts they concern."""
         backups = loads = failures = 0
         for rec in records:
