@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BACKENDS = ("none", "memory", "lmdb", "file")
+BACKENDS = ("none", "memory", "lmdb", "file", "redis")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class StorageConfig:
     # Flush each write batch to disk (LMDB commit, file rename). False is faster; a process
     # crash still loses nothing, but an OS crash may lose (LMDB: damage) recent batches.
     sync: bool = True
+    # Network backends: where the store is, e.g. "redis://host:port[,host:port...]" (redis).
+    endpoint: str = ""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -36,6 +38,10 @@ class StorageConfig:
             raise ValueError(f"storage.path is required for the {self.backend!r} backend")
         if self.max_bytes < 1:
             raise ValueError(f"storage.max_bytes must be >= 1, got {self.max_bytes}")
+        if self.backend == "redis" and not self.endpoint.startswith("redis://"):
+            raise ValueError(
+                f"storage.endpoint must be redis://host:port[,...], got {self.endpoint!r}"
+            )
         if self.map_size < 0:
             raise ValueError(f"storage.map_size must be >= 0, got {self.map_size}")
         if self.timeout_s <= 0:

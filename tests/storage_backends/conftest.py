@@ -13,10 +13,18 @@ from pathlib import Path
 import pytest
 
 from storage_backends import StorageBackend, StorageConfig, create
+from storage_backends.redis_cluster import (
+    ClusterOptions,
+    LocalRedisCluster,
+    RedisUnavailableError,
+    redis_server_binary,
+)
 
 BACKEND_NAMES = ("memory", "lmdb", "file")
 
 MakeBackend = Callable[[StorageConfig], StorageBackend]
+# (backend name, max_bytes) -> a config of a store private to the calling test.
+StoreConfig = Callable[[str, int], StorageConfig]
 
 
 class Pages:
@@ -71,8 +79,44 @@ def make_backend() -> Iterator[MakeBackend]:
         backend.close()
 
 
+def start_redis_cluster(options: ClusterOptions) -> LocalRedisCluster:
+    """A running local cluster, or a skip when redis-server is not installed."""
+    if redis_server_binary() is None:
+        pytest.skip("redis-server is not installed (`make test` installs Debian's redis-server)")
+    cluster = LocalRedisCluster(options)
+    try:
+        cluster.start()
+    except RedisUnavailableError as exc:
+        pytest.fail(f"the local redis cluster did not start: {exc}")
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalRedisCluster]:
+    """Three redis-server masters on 127.0.0.1, shared by the whole session."""
+    cluster = start_redis_cluster(ClusterOptions(masters=3))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def store_config(tmp_path: Path, request: pytest.FixtureRequest) -> StoreConfig:
+    """Configs whose stores belong to this test: a temp path, or a fresh redis key prefix."""
+
+    def make(name: str, max_bytes: int = 64 << 20) -> StorageConfig:
+        if name != "redis":
+            return Pages.config(name, tmp_path, max_bytes)
+        cluster: LocalRedisCluster = request.getfixturevalue("redis_cluster")
+        fingerprint = hashlib.sha256(request.node.nodeid.encode()).hexdigest()
+        return StorageConfig(
+            backend="redis", endpoint=cluster.endpoint, max_bytes=max_bytes, fingerprint=fingerprint
+        )
+
+    return make
+
+
 @pytest.fixture
 def backend(
-    backend_name: str, tmp_path: Path, pages: Pages, make_backend: MakeBackend
+    backend_name: str, store_config: StoreConfig, make_backend: MakeBackend
 ) -> StorageBackend:
-    return make_backend(pages.config(backend_name, tmp_path))
+    return make_backend(store_config(backend_name, 64 << 20))
