@@ -129,12 +129,7 @@ class LocalRedisCluster:
         node_dir.mkdir(parents=True, exist_ok=True)
         for _ in range(_PORT_ATTEMPTS):
             port, bus_port = _free_ports(2)
-            process = subprocess.Popen(
-                [binary, *self._server_args(node_dir, port, bus_port)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            process = _spawn(binary, self._server_args(node_dir, port, bus_port))
             node = RedisNode(port, bus_port, process)
             if self._wait_ping(node, deadline):
                 return node
@@ -221,6 +216,23 @@ class LocalRedisCluster:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
 
+    def restart(self, index: int) -> None:
+        """Start killed node ``index`` again on its ports (it rejoins with its slots, empty).
+
+        Raises RedisUnavailableError if it does not come back or the cluster is not ok in time.
+        """
+        old = self.nodes[index]
+        binary = redis_server_binary()
+        if binary is None:
+            raise RedisUnavailableError("redis-server is not installed")
+        args = self._server_args(self._dir / f"node-{index}", old.port, old.bus_port)
+        process = _spawn(binary, args)
+        self.nodes[index] = RedisNode(old.port, old.bus_port, process)
+        deadline = time.monotonic() + self.options.start_timeout_s
+        if not self._wait_ping(self.nodes[index], deadline):
+            raise RedisUnavailableError(f"redis-server did not restart on port {old.port}")
+        self._wait_cluster_ok(deadline)
+
     def stop(self) -> None:
         """Terminate every node by PID; idempotent."""
         for node in self.nodes:
@@ -228,6 +240,15 @@ class LocalRedisCluster:
         self.nodes = []
         if self._own_dir:
             shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _spawn(binary: str, args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [binary, *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _terminate(process: subprocess.Popen[bytes]) -> None:

@@ -99,6 +99,23 @@ def redis_cluster() -> Iterator[LocalRedisCluster]:
     cluster.stop()
 
 
+StartCluster = Callable[[ClusterOptions], LocalRedisCluster]
+
+
+@pytest.fixture
+def own_redis_cluster() -> Iterator[StartCluster]:
+    """Starts clusters private to one test (to kill nodes, limit memory); stops them after."""
+    started: list[LocalRedisCluster] = []
+
+    def start(options: ClusterOptions) -> LocalRedisCluster:
+        started.append(start_redis_cluster(options))
+        return started[-1]
+
+    yield start
+    for cluster in started:
+        cluster.stop()
+
+
 @pytest.fixture
 def store_config(tmp_path: Path, request: pytest.FixtureRequest) -> StoreConfig:
     """Configs whose stores belong to this test: a temp path, or a fresh redis key prefix."""
