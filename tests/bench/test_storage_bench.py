@@ -1,0 +1,27 @@
+"""``hicache bench storage``: every page size, both ops, against the baseline of the same run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hicache.cli import main
+from storage_backends.redis_cluster import redis_server_binary
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "redis"])
+def test_storage_bench_reports_every_page_size(tmp_path: Path, backend: str) -> None:
+    if backend == "redis" and redis_server_binary() is None:
+        pytest.skip("redis-server is not installed (`make test` installs Debian's redis-server)")
+    out = tmp_path / "storage.json"
+    argv = ["bench", "storage", "--backend", backend, "--total-mb", "4", "--batch-mb", "1"]
+    argv += ["--repeat", "1", "--no-sync", "--dir", str(tmp_path), "--json", str(out)]
+    assert main([*argv, "--redis-masters", "1"]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["op"], r["page_bytes"]) for r in rows] == [
+        (op, size) for size in (64 << 10, 512 << 10, 2 << 20) for op in ("put", "get")
+    ]
+    assert all(r["backend"] == backend and r["gbps"] > 0 and r["baseline_gbps"] > 0 for r in rows)
+    assert list(tmp_path.iterdir()) == [out]  # the scratch store and any cluster are gone
