@@ -30,6 +30,8 @@ class StorageConfig:
     sync: bool = True
     # Network backends: where the store is, e.g. "redis://host:port[,host:port...]" (redis).
     endpoint: str = ""
+    # redis: first part of every key, so that several fleets (or bench runs) share one cluster.
+    key_prefix: str = "hicache"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -41,6 +43,11 @@ class StorageConfig:
         if self.backend == "redis" and not self.endpoint.startswith("redis://"):
             raise ValueError(
                 f"storage.endpoint must be redis://host:port[,...], got {self.endpoint!r}"
+            )
+        if not self.key_prefix or "{" in self.key_prefix or "}" in self.key_prefix:
+            # A hash tag in the prefix would put every page in one cluster slot.
+            raise ValueError(
+                f"storage.key_prefix must be non-empty, without braces: {self.key_prefix!r}"
             )
         if self.map_size < 0:
             raise ValueError(f"storage.map_size must be >= 0, got {self.map_size}")

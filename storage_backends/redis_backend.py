@@ -2,7 +2,7 @@
 
 ``storage.endpoint`` lists startup nodes (``redis://host:port[,host:port…]``);
 a single server runs as a one-node cluster, so there is one code path. A page
-is stored under ``hicache:<fingerprint>:<32-byte page key>`` as the usual
+is stored under ``<key_prefix>:<fingerprint>:<32-byte page key>`` as the usual
 header + payload (``storage_backends.page_format``) and checked on every read;
 there is no other key. Page keys already chain the namespace; the fingerprint
 prefix keeps models apart, so pages of another model are never seen (and
@@ -57,9 +57,9 @@ def parse_endpoint(endpoint: str) -> list[ClusterNode]:
     return nodes
 
 
-def key_prefix(fingerprint: str) -> bytes:
-    """The prefix of every Redis key of a store for this model fingerprint."""
-    return b"hicache:" + fingerprint.encode() + b":"
+def key_prefix(config: StorageConfig) -> bytes:
+    """The prefix of every Redis key of the store ``config`` names (prefix and fingerprint)."""
+    return f"{config.key_prefix}:{config.fingerprint}:".encode()
 
 
 def _glob_escape(raw: bytes) -> bytes:
@@ -92,7 +92,7 @@ class RedisBackend:
 
     def __init__(self, config: StorageConfig) -> None:
         self._config = config
-        self._prefix = key_prefix(config.fingerprint)
+        self._prefix = key_prefix(config)
         self._io = ClusterIO(_connect(config), config.timeout_s)
         self._counters = StatCounters()
         self._lock = threading.Lock()

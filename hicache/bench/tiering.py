@@ -82,7 +82,9 @@ def tier_setups(config: CacheConfig, store_dir: Path) -> list[TierSetup]:
     no_host = replace(config.host, enabled=False)
     host = config.host if config.host.enabled else HostConfig()
     storage = config.storage
-    if not storage.enabled or storage.backend != "lmdb":
+    if storage.backend == "redis":  # a network store, as configured; keys of this run only
+        storage = replace(storage, key_prefix=f"{storage.key_prefix}-{store_dir.parent.name}")
+    elif not storage.enabled or storage.backend != "lmdb":
         storage = StorageConfig(backend="lmdb", path="", max_bytes=8 << 30)
     storage = replace(storage, path=str(store_dir))
     return [
@@ -238,7 +240,10 @@ def run(args: argparse.Namespace) -> int:
         f"the device capacity ({capacity:,} tokens)"
     )
     with tempfile.TemporaryDirectory(prefix="hicache-bench-") as tmp:
-        reports = [replay(s, trace) for s in tier_setups(config, Path(tmp) / "store")]
+        setups = tier_setups(config, Path(tmp) / "store")
+        reports = [replay(s, trace) for s in setups]
+    if (tiered := setups[-1].config) is not None:
+        print(f"storage tier: {tiered.storage.backend}")
     print_table(reports)
     by_name = {r.name: r for r in reports}
     gain = by_name["device+host+storage"].hit_rate / max(by_name["device"].hit_rate, 1e-9)

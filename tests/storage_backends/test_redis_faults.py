@@ -34,12 +34,10 @@ def _config(cluster: LocalRedisCluster) -> StorageConfig:
 def _owners(cluster: LocalRedisCluster, keys: list[bytes]) -> list[int]:
     """Index (in ``cluster.nodes``) of the master owning each page key."""
     ports = [node.port for node in cluster.nodes]
+    prefix = key_prefix(_config(cluster))
     client = RedisCluster.from_url(f"redis://127.0.0.1:{ports[0]}")
     try:
-        return [
-            ports.index(client.get_node_from_key(key_prefix(FINGERPRINT) + key).port)
-            for key in keys
-        ]
+        return [ports.index(client.get_node_from_key(prefix + key).port) for key in keys]
     finally:
         client.close()
 
@@ -140,6 +138,12 @@ def test_unreachable_endpoint_fails_to_open() -> None:
 def test_endpoint_must_be_a_redis_url(endpoint: str) -> None:
     with pytest.raises(ValueError, match=r"storage\.endpoint"):
         StorageConfig(backend="redis", endpoint=endpoint)
+
+
+@pytest.mark.parametrize("prefix", ["", "{tag}", "a}b"])
+def test_key_prefix_without_hash_tags(prefix: str) -> None:
+    with pytest.raises(ValueError, match="key_prefix"):
+        StorageConfig(backend="redis", endpoint="redis://h:1", key_prefix=prefix)
 
 
 @pytest.mark.parametrize("endpoint", ["redis://127.0.0.1", "redis://:7000", "redis://h:99999"])

@@ -61,7 +61,7 @@ def _damage_file(config: StorageConfig, key: bytes, damage: Damage) -> None:
 def _damage_redis(config: StorageConfig, key: bytes, damage: Damage) -> None:
     client = RedisCluster.from_url(config.endpoint.split(",")[0])
     try:
-        name = key_prefix(config.fingerprint) + key
+        name = key_prefix(config) + key
         blob = client.get(name)
         assert isinstance(blob, bytes)
         client.set(name, damage(blob))
