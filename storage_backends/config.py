@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BACKENDS = ("none", "memory", "lmdb", "file", "redis")
+BACKENDS = ("none", "memory", "lmdb", "file", "redis", "mooncake")
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,10 @@ class StorageConfig:
     # Flush each write batch to disk (LMDB commit, file rename). False is faster; a process
     # crash still loses nothing, but an OS crash may lose (LMDB: damage) recent batches.
     sync: bool = True
-    # Network backends: where the store is, e.g. "redis://host:port[,host:port...]" (redis).
+    # Network backends: where the store is, e.g. "redis://host:port[,host:port...]" (redis),
+    # "mooncake://master-host:port[?metadata=...]" (mooncake).
     endpoint: str = ""
-    # redis: first part of every key, so that several fleets (or bench runs) share one cluster.
+    # redis, mooncake: first part of every key, so that fleets (or bench runs) share a store.
     key_prefix: str = "hicache"
 
     def __post_init__(self) -> None:
@@ -43,6 +44,10 @@ class StorageConfig:
         if self.backend == "redis" and not self.endpoint.startswith("redis://"):
             raise ValueError(
                 f"storage.endpoint must be redis://host:port[,...], got {self.endpoint!r}"
+            )
+        if self.backend == "mooncake" and not self.endpoint.startswith("mooncake://"):
+            raise ValueError(
+                f"storage.endpoint must be mooncake://host:port, got {self.endpoint!r}"
             )
         if not self.key_prefix or "{" in self.key_prefix or "}" in self.key_prefix:
             # A hash tag in the prefix would put every page in one cluster slot.

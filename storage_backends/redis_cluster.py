@@ -65,7 +65,7 @@ def redis_server_binary() -> str | None:
     return shutil.which("redis-server")
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """``count`` distinct ports the OS reports free on 127.0.0.1 (held open together)."""
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
@@ -128,7 +128,7 @@ class LocalRedisCluster:
         node_dir = self._dir / f"node-{index}"
         node_dir.mkdir(parents=True, exist_ok=True)
         for _ in range(_PORT_ATTEMPTS):
-            port, bus_port = _free_ports(2)
+            port, bus_port = free_ports(2)
             process = _spawn(binary, self._server_args(node_dir, port, bus_port))
             node = RedisNode(port, bus_port, process)
             if self._wait_ping(node, deadline):

@@ -16,6 +16,7 @@ FACTORIES: MappingProxyType[str, str] = MappingProxyType(
         "lmdb": "storage_backends.lmdb_backend:LmdbBackend",
         "file": "storage_backends.file_backend:FileBackend",
         "redis": "storage_backends.redis_backend:RedisBackend",
+        "mooncake": "storage_backends.mooncake_backend:MooncakeBackend",
     }
 )
 

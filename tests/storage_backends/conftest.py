@@ -13,6 +13,11 @@ from pathlib import Path
 import pytest
 
 from storage_backends import StorageBackend, StorageConfig, create
+from storage_backends.mooncake_local import (
+    LocalMooncake,
+    MooncakeUnavailableError,
+    mooncake_binaries,
+)
 from storage_backends.redis_cluster import (
     ClusterOptions,
     LocalRedisCluster,
@@ -100,6 +105,42 @@ def redis_cluster() -> Iterator[LocalRedisCluster]:
 
 
 StartCluster = Callable[[ClusterOptions], LocalRedisCluster]
+
+
+def start_mooncake() -> LocalMooncake:
+    """A running master + holder, or a skip when mooncake does not import here."""
+    try:
+        mooncake_binaries()
+    except MooncakeUnavailableError as exc:
+        pytest.skip(f"optional mooncake backend: {exc} (pip install '.[mooncake]', libibverbs1)")
+    store = LocalMooncake()
+    try:
+        store.start()
+    except MooncakeUnavailableError as exc:
+        pytest.fail(f"the local mooncake store did not start: {exc}")
+    return store
+
+
+@pytest.fixture(scope="session")
+def mooncake() -> Iterator[LocalMooncake]:
+    """A mooncake_master and a mooncake_client holder, shared by the whole session."""
+    store = start_mooncake()
+    yield store
+    store.stop()
+
+
+@pytest.fixture
+def own_mooncake() -> Iterator[Callable[[], LocalMooncake]]:
+    """Starts master + holder pairs private to one test (to kill the holder); stops them after."""
+    started: list[LocalMooncake] = []
+
+    def start() -> LocalMooncake:
+        started.append(start_mooncake())
+        return started[-1]
+
+    yield start
+    for store in started:
+        store.stop()
 
 
 @pytest.fixture
