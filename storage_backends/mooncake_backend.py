@@ -35,7 +35,7 @@ from typing import NamedTuple, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from storage_backends.base import StorageStats
-from storage_backends.batch import check_batch, check_keys
+from storage_backends.batch import check_batch, check_keys, count_leading
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
@@ -61,6 +61,7 @@ class _Code(enum.IntEnum):
     OBJECT_NOT_FOUND = -704
     OBJECT_ALREADY_EXISTS = -705
     OBJECT_HAS_LEASE = -706  # being read: cannot be removed yet
+    LEASE_EXPIRED = -707  # a read outlived its lease and was discarded: a miss, logged
     TRANSFER_FAIL = -800  # the holder is gone, or the object is not the size asked for
     RPC_FAIL = -900  # the master is unreachable
 
@@ -253,10 +254,7 @@ class MooncakeBackend:
             return 0
         names = self._names(keys)
         codes = self._call(lambda: self._store.batch_is_exist(names), len(names), "exists").codes
-        for count, code in enumerate(codes or [0]):
-            if code != 1:
-                return count
-        return len(keys)
+        return count_leading(code == 1 for code in codes or [])
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()

@@ -1,7 +1,8 @@
 """LocalMooncake: a ``mooncake_master`` and a ``mooncake_client`` holder on 127.0.0.1.
 
 For the tests of the optional ``mooncake`` backend. The holder lends its
-memory (``segment_bytes``) to the store, so backend clients lend none. Ports
+memory (``segment_bytes``) to the store, so backend clients lend none. Leases
+are ``lease_ms`` (Mooncake's default is 10 s). Ports
 are picked by the OS; readiness is a reply: the master and the holder accept
 connections, then a probe client stores and removes one object.
 """
@@ -54,8 +55,11 @@ def _wait_port(port: int, process: subprocess.Popen[bytes], deadline: float) -> 
 class LocalMooncake:
     """Master + holder; use as a context manager. Not thread-safe."""
 
-    def __init__(self, segment_bytes: int = 256 << 20, start_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, segment_bytes: int = 256 << 20, lease_ms: int = 500, start_timeout_s: float = 60.0
+    ) -> None:
         self._segment = segment_bytes
+        self._lease_ms = lease_ms
         self._timeout = start_timeout_s
         self._dir = Path(tempfile.mkdtemp(prefix="hicache-mooncake-"))
         self._processes: list[subprocess.Popen[bytes]] = []
@@ -82,7 +86,8 @@ class LocalMooncake:
                 folder / "mooncake_master",
                 [f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1"],
                 [f"--metrics_port={metrics_port}", "--enable_metric_reporting=false"],
-                ["--default_kv_lease_ttl=100"],  # short leases: tests remove pages just read
+                # Short leases let tests remove pages just read; a read must finish within one.
+                [f"--default_kv_lease_ttl={self._lease_ms}"],
             )
             _wait_port(self.rpc_port, master, deadline)
             holder = self._spawn(

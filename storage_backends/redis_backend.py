@@ -31,7 +31,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 
 from storage_backends.base import StorageStats
-from storage_backends.batch import check_batch, check_keys
+from storage_backends.batch import check_batch, check_keys, count_leading
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
@@ -112,10 +112,7 @@ class RedisBackend:
             return 0
         names = self._names(keys)
         replies = self._io.run(names, lambda pipe, i: pipe.exists(names[i]))
-        for count, reply in enumerate(replies):
-            if reply != 1:
-                return count
-        return len(keys)
+        return count_leading(reply == 1 for reply in replies)
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()

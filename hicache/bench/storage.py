@@ -66,7 +66,7 @@ class Workload(NamedTuple):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=("lmdb", "file", "redis"), default="lmdb")
+    parser.add_argument("--backend", choices=("lmdb", "file", "redis", "mooncake"), default="lmdb")
     parser.add_argument("--json", type=Path, help="write the results as a JSON list here")
     parser.add_argument("--dir", type=Path, help="scratch directory (default: a temp dir)")
     parser.add_argument("--total-mb", type=int, default=256, help="bytes per page size (MiB)")

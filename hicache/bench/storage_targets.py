@@ -4,7 +4,8 @@ A ``Target`` makes the backend's config for one page size and holds the
 baseline: for the on-disk backends, one file per page (``open``/``write``,
 ``readinto``); for ``redis``, redis-py's own client doing plain SET/GET of the
 same bytes through cluster pipelines of the same batches, into the same
-buffers. The redis target runs its own local cluster unless given an endpoint.
+buffers; for ``mooncake``, Mooncake's own client (``hicache.bench.mooncake_target``).
+Network targets start a local store unless given ``--endpoint``.
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ import contextlib
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from redis.cluster import RedisCluster
 
 from storage_backends import StorageConfig
 from storage_backends.redis_backend import parse_endpoint
 from storage_backends.redis_cluster import ClusterOptions, LocalRedisCluster
+
+if TYPE_CHECKING:
+    from hicache.bench.mooncake_target import MooncakeBaseline
 
 
 class Pages(Protocol):
@@ -131,22 +135,41 @@ class RedisBaseline:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--endpoint", default="", help="redis: use this cluster (default: start a local one)"
+        "--endpoint", default="", help="redis, mooncake: use this store (default: start one)"
     )
     parser.add_argument("--redis-masters", type=int, default=3, help="redis: local masters")
 
 
 @contextlib.contextmanager
 def open_target(args: argparse.Namespace, root: Path) -> Iterator[Target]:
-    """The target of ``args.backend``; a local redis cluster lives as long as the context."""
-    if args.backend != "redis":
+    """The target of ``args.backend``; a local store started here lives as long as the context."""
+    if args.backend not in ("redis", "mooncake"):
         yield Target(args.backend, root, "", FileBaseline(root))
         return
     with contextlib.ExitStack() as stack:
-        endpoint = args.endpoint
-        if not endpoint:
-            options = ClusterOptions(masters=args.redis_masters)
-            endpoint = stack.enter_context(LocalRedisCluster(options, root / "redis")).endpoint
-        baseline = RedisBaseline(endpoint)
+        endpoint = args.endpoint or stack.enter_context(_local_store(args, root))
+        baseline: RedisBaseline | MooncakeBaseline
+        if args.backend == "redis":
+            baseline = RedisBaseline(endpoint)
+        else:
+            from hicache.bench.mooncake_target import MooncakeBaseline
+
+            baseline = MooncakeBaseline(endpoint)
         stack.callback(baseline.close)
-        yield Target("redis", root, endpoint, baseline)
+        yield Target(args.backend, root, endpoint, baseline)
+
+
+@contextlib.contextmanager
+def _local_store(args: argparse.Namespace, root: Path) -> Iterator[str]:
+    """Start a local redis cluster or mooncake master + holder; yield its endpoint."""
+    if args.backend == "redis":
+        options = ClusterOptions(masters=args.redis_masters)
+        with LocalRedisCluster(options, root / "redis") as cluster:
+            yield cluster.endpoint
+        return
+    from storage_backends.mooncake_local import LocalMooncake
+
+    # Room for the backend's and the baseline's copies of every page size, below eviction.
+    room = 6 * (args.total_mb << 20) + (64 << 20)
+    with LocalMooncake(segment_bytes=room, lease_ms=10_000) as store:
+        yield store.endpoint

@@ -8,13 +8,19 @@ from pathlib import Path
 import pytest
 
 from hicache.cli import main
+from storage_backends.mooncake_local import MooncakeUnavailableError, mooncake_binaries
 from storage_backends.redis_cluster import ClusterOptions, LocalRedisCluster, redis_server_binary
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "redis"])
+@pytest.mark.parametrize("backend", ["lmdb", "redis", "mooncake"])
 def test_storage_bench_reports_every_page_size(tmp_path: Path, backend: str) -> None:
     if backend == "redis" and redis_server_binary() is None:
         pytest.skip("redis-server is not installed (`make test` installs Debian's redis-server)")
+    if backend == "mooncake":
+        try:
+            mooncake_binaries()
+        except MooncakeUnavailableError as exc:
+            pytest.skip(f"optional mooncake backend: {exc}")
     out = tmp_path / "storage.json"
     argv = ["bench", "storage", "--backend", backend, "--total-mb", "4", "--batch-mb", "1"]
     argv += ["--repeat", "1", "--no-sync", "--dir", str(tmp_path), "--json", str(out)]
