@@ -102,22 +102,36 @@ class ReadTimes(NamedTuple):
 
 
 def _best_reads(
-    work: Workload, backend: Callable[[], None], baseline: Callable[[], None], repeat: int
+    work: Workload,
+    backend: Callable[[slice], None],
+    baseline: Callable[[slice], None],
+    repeat: int,
 ) -> ReadTimes:
-    """Fastest of ``repeat`` timed reads of each side into cleared (faulted-in) buffers.
+    """Fastest of ``repeat`` passes, each side's pass timed as the sum of its batches.
 
-    The two sides alternate, so that load from elsewhere on the machine hits both alike.
+    The sides alternate batch by batch, so that load from elsewhere on the machine
+    hits both alike; each batch lands in cleared (faulted-in) buffers and is checked
+    outside the timing.
     """
-    best = {"backend get": float("inf"), "plain read": float("inf")}
+    best = ReadTimes(float("inf"), float("inf"))
     blank = bytes(len(work.dst[0]))
     for _ in range(repeat):
-        for what, read in (("backend get", backend), ("plain read", baseline)):
-            for view in work.dst:
-                view[:] = blank
-            best[what] = min(best[what], _timed(read))
-            if [xxhash.xxh3_64_intdigest(view) for view in work.dst] != work.digests:
-                raise RuntimeError(f"{what} returned different bytes")
-    return ReadTimes(best["backend get"], best["plain read"])
+        spent = [0.0, 0.0]
+        for start in range(0, len(work.keys), work.batch):
+            span = slice(start, start + work.batch)
+            for side, (what, read) in enumerate(
+                (("backend get", backend), ("plain read", baseline))
+            ):
+                for view in work.dst[span]:
+                    view[:] = blank
+                began = time.perf_counter()
+                read(span)
+                spent[side] += time.perf_counter() - began
+                got = [xxhash.xxh3_64_intdigest(view) for view in work.dst[span]]
+                if got != work.digests[span]:
+                    raise RuntimeError(f"{what} returned different bytes")
+        best = ReadTimes(min(best.backend_s, spent[0]), min(best.baseline_s, spent[1]))
+    return best
 
 
 def _gbps(nbytes: int, seconds: float) -> float:
@@ -131,11 +145,10 @@ def _backend_put(store: StorageBackend, work: Workload) -> None:
             raise RuntimeError(f"backend put failed for {ok.count(False)} pages")
 
 
-def _backend_get(store: StorageBackend, work: Workload) -> None:
-    for i in range(0, len(work.keys), work.batch):
-        hits = store.get(work.keys[i : i + work.batch], work.dst[i : i + work.batch])
-        if not all(hits):
-            raise RuntimeError(f"backend get missed {hits.count(False)} pages")
+def _backend_get(store: StorageBackend, work: Workload, span: slice) -> None:
+    hits = store.get(work.keys[span], work.dst[span])
+    if not all(hits):
+        raise RuntimeError(f"backend get missed {hits.count(False)} pages")
 
 
 def _measure(args: argparse.Namespace, target: Target, page_bytes: int) -> list[Result]:
@@ -147,7 +160,10 @@ def _measure(args: argparse.Namespace, target: Target, page_bytes: int) -> list[
         put_s = _timed(lambda: _backend_put(store, work))
         write_s = _timed(lambda: plain.write(work))
         reads = _best_reads(
-            work, lambda: _backend_get(store, work), lambda: plain.read(work), args.repeat
+            work,
+            lambda span: _backend_get(store, work, span),
+            lambda span: plain.read(work, span),
+            args.repeat,
         )
     finally:
         if not config.path:
@@ -173,11 +189,11 @@ def _print_table(results: list[Result], args: argparse.Namespace, baseline: str)
     print(f"storage bench: backend={args.backend}, {args.total_mb} MiB per page size,")
     print(f"  batches of {args.batch_mb} MiB, backend sync={not args.no_sync}")
     print(f"  baseline: {baseline}")
-    print("  dirty pages are flushed (os.sync) before every timed phase, outside the timing")
+    print("  dirty pages are flushed (os.sync) before each timed write phase, outside the timing")
     print(
         f"  both sides read warm data (just written, in the OS page cache); best of {args.repeat}"
     )
-    print("  reads alternate between the backend and the baseline")
+    print("  reads alternate between the backend and the baseline, batch by batch")
     print(f"{'backend':8} {'op':4} {'page':>8} {'GB/s':>7} {'base GB/s':>10} {'ratio':>6}")
     for r in results:
         page = f"{r.page_bytes >> 10} KiB"

@@ -46,7 +46,7 @@ class Baseline(Protocol):
     description: str
 
     def write(self, work: Pages) -> None: ...
-    def read(self, work: Pages) -> None: ...
+    def read(self, work: Pages, span: slice) -> None: ...
     def clear(self, work: Pages) -> None: ...
 
 
@@ -83,10 +83,10 @@ class FileBaseline:
             with open(self._dir(work) / str(i), "wb") as file:
                 file.write(view)
 
-    def read(self, work: Pages) -> None:
-        for i, view in enumerate(work.dst):
+    def read(self, work: Pages, span: slice) -> None:
+        for i in range(*span.indices(len(work.dst))):
             with open(self._dir(work) / str(i), "rb", buffering=0) as file:
-                file.readinto(view)
+                file.readinto(work.dst[i])
 
     def clear(self, work: Pages) -> None:
         shutil.rmtree(self._dir(work), ignore_errors=True)
@@ -114,13 +114,12 @@ class RedisBaseline:
                 pipe.set(name, view)
             pipe.execute()
 
-    def read(self, work: Pages) -> None:
-        for span in _batches(work):
-            pipe = self._client.pipeline()
-            for name in self._names(work.keys[span]):
-                pipe.get(name)
-            for view, value in zip(work.dst[span], pipe.execute(), strict=True):
-                view[:] = value
+    def read(self, work: Pages, span: slice) -> None:
+        pipe = self._client.pipeline()
+        for name in self._names(work.keys[span]):
+            pipe.get(name)
+        for view, value in zip(work.dst[span], pipe.execute(), strict=True):
+            view[:] = value
 
     def clear(self, work: Pages) -> None:
         for span in _batches(work):
