@@ -7,11 +7,9 @@ header, no checksum, no staging copy.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 
-from hicache.bench.storage_targets import Pages
+from hicache.bench.storage_targets import Pages, batches
 from storage_backends.mooncake_backend import parse_endpoint
 
 
@@ -23,11 +21,6 @@ def _span(views: list[memoryview]) -> tuple[int, int]:
     """(address, bytes) of the one buffer the bench's page views are consecutive slices of."""
     start = _address(views[0])
     return start, _address(views[-1]) + len(views[-1]) - start
-
-
-def _batches(work: Pages) -> Iterator[slice]:
-    for i in range(0, len(work.keys), work.batch):
-        yield slice(i, i + work.batch)
 
 
 class MooncakeBaseline:
@@ -56,15 +49,16 @@ class MooncakeBaseline:
     def _names(work: Pages, span: slice) -> list[str]:
         return ["bench-raw:" + key.hex() for key in work.keys[span]]
 
-    def write(self, work: Pages) -> None:
+    def prepare(self, work: Pages) -> None:
         self._register(work.src)
-        self._register(work.dst)  # here, so that no timed read pays for it
-        for span in _batches(work):
-            ptrs = [_address(view) for view in work.src[span]]
-            sizes = [len(view) for view in work.src[span]]
-            codes = self._client.batch_put_from(self._names(work, span), ptrs, sizes)
-            if any(code != 0 for code in codes):
-                raise RuntimeError(f"mooncake put failed: {sorted(set(codes))}")
+        self._register(work.dst)
+
+    def write(self, work: Pages, span: slice) -> None:
+        ptrs = [_address(view) for view in work.src[span]]
+        sizes = [len(view) for view in work.src[span]]
+        codes = self._client.batch_put_from(self._names(work, span), ptrs, sizes)
+        if any(code != 0 for code in codes):
+            raise RuntimeError(f"mooncake put failed: {sorted(set(codes))}")
 
     def read(self, work: Pages, span: slice) -> None:
         ptrs = [_address(view) for view in work.dst[span]]
@@ -74,7 +68,7 @@ class MooncakeBaseline:
             raise RuntimeError(f"mooncake get failed: {sorted(set(codes) - set(sizes))}")
 
     def clear(self, work: Pages) -> None:
-        for span in _batches(work):
+        for span in batches(work):
             self._client.batch_remove(self._names(work, span))  # leased ones expire by themselves
         for address in self._registered:
             self._client.unregister_buffer(address)

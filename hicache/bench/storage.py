@@ -88,17 +88,33 @@ def _workload(page_bytes: int, total_bytes: int, batch_bytes: int) -> Workload:
     return Workload(keys, src, [target[s] for s in spans], digests, batch)
 
 
-def _timed(action: Callable[[], None]) -> float:
-    # Flush dirty pages first so writeback from an earlier phase does not slow this one.
-    os.sync()
-    start = time.perf_counter()
-    action()
-    return time.perf_counter() - start
-
-
-class ReadTimes(NamedTuple):
+class SideTimes(NamedTuple):
     backend_s: float
     baseline_s: float
+
+
+def _no_check(span: slice, what: str) -> None:
+    pass
+
+
+def _interleaved(
+    work: Workload,
+    backend: Callable[[slice], None],
+    baseline: Callable[[slice], None],
+    check: Callable[[slice, str], None] = _no_check,
+) -> SideTimes:
+    """One pass of each side, alternating batch by batch, so that load from elsewhere on
+    the machine hits both alike; each side's time is the sum of its batches.
+    ``check(span, what)`` runs after each batch, outside the timing."""
+    spent = [0.0, 0.0]
+    for start in range(0, len(work.keys), work.batch):
+        span = slice(start, start + work.batch)
+        for side, (what, action) in enumerate((("backend", backend), ("baseline", baseline))):
+            began = time.perf_counter()
+            action(span)
+            spent[side] += time.perf_counter() - began
+            check(span, what)
+    return SideTimes(spent[0], spent[1])
 
 
 def _best_reads(
@@ -106,43 +122,31 @@ def _best_reads(
     backend: Callable[[slice], None],
     baseline: Callable[[slice], None],
     repeat: int,
-) -> ReadTimes:
-    """Fastest of ``repeat`` passes, each side's pass timed as the sum of its batches.
-
-    The sides alternate batch by batch, so that load from elsewhere on the machine
-    hits both alike; each batch lands in cleared (faulted-in) buffers and is checked
-    outside the timing.
-    """
-    best = ReadTimes(float("inf"), float("inf"))
+) -> SideTimes:
+    """Fastest of ``repeat`` interleaved read passes; every batch lands in cleared
+    (faulted-in) buffers and is checked, both outside the timing."""
     blank = bytes(len(work.dst[0]))
-    for _ in range(repeat):
-        spent = [0.0, 0.0]
-        for start in range(0, len(work.keys), work.batch):
-            span = slice(start, start + work.batch)
-            for side, (what, read) in enumerate(
-                (("backend get", backend), ("plain read", baseline))
-            ):
-                for view in work.dst[span]:
-                    view[:] = blank
-                began = time.perf_counter()
-                read(span)
-                spent[side] += time.perf_counter() - began
-                got = [xxhash.xxh3_64_intdigest(view) for view in work.dst[span]]
-                if got != work.digests[span]:
-                    raise RuntimeError(f"{what} returned different bytes")
-        best = ReadTimes(min(best.backend_s, spent[0]), min(best.baseline_s, spent[1]))
-    return best
+
+    def check(span: slice, what: str) -> None:
+        if [xxhash.xxh3_64_intdigest(view) for view in work.dst[span]] != work.digests[span]:
+            raise RuntimeError(f"{what} read returned different bytes")
+        for view in work.dst[span]:
+            view[:] = blank
+
+    for view in work.dst:
+        view[:] = blank
+    passes = [_interleaved(work, backend, baseline, check) for _ in range(repeat)]
+    return SideTimes(min(p.backend_s for p in passes), min(p.baseline_s for p in passes))
 
 
 def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 else 0.0
 
 
-def _backend_put(store: StorageBackend, work: Workload) -> None:
-    for i in range(0, len(work.keys), work.batch):
-        ok = store.put(work.keys[i : i + work.batch], work.src[i : i + work.batch])
-        if not all(ok):
-            raise RuntimeError(f"backend put failed for {ok.count(False)} pages")
+def _backend_put(store: StorageBackend, work: Workload, span: slice) -> None:
+    ok = store.put(work.keys[span], work.src[span])
+    if not all(ok):
+        raise RuntimeError(f"backend put failed for {ok.count(False)} pages")
 
 
 def _backend_get(store: StorageBackend, work: Workload, span: slice) -> None:
@@ -157,8 +161,11 @@ def _measure(args: argparse.Namespace, target: Target, page_bytes: int) -> list[
     plain = target.baseline
     store = create(args.backend, config)
     try:
-        put_s = _timed(lambda: _backend_put(store, work))
-        write_s = _timed(lambda: plain.write(work))
+        plain.prepare(work)
+        os.sync()  # no writeback from earlier work during the timed puts
+        puts = _interleaved(
+            work, lambda span: _backend_put(store, work, span), lambda span: plain.write(work, span)
+        )
         reads = _best_reads(
             work,
             lambda span: _backend_get(store, work, span),
@@ -174,14 +181,8 @@ def _measure(args: argparse.Namespace, target: Target, page_bytes: int) -> list[
         plain.clear(work)
     total = work.total_bytes
     return [
-        Result(args.backend, "put", page_bytes, _gbps(total, put_s), _gbps(total, write_s)),
-        Result(
-            args.backend,
-            "get",
-            page_bytes,
-            _gbps(total, reads.backend_s),
-            _gbps(total, reads.baseline_s),
-        ),
+        Result(args.backend, op, page_bytes, _gbps(total, t.backend_s), _gbps(total, t.baseline_s))
+        for op, t in (("put", puts), ("get", reads))
     ]
 
 
@@ -193,7 +194,7 @@ def _print_table(results: list[Result], args: argparse.Namespace, baseline: str)
     print(
         f"  both sides read warm data (just written, in the OS page cache); best of {args.repeat}"
     )
-    print("  reads alternate between the backend and the baseline, batch by batch")
+    print("  puts and reads alternate between the backend and the baseline, batch by batch")
     print(f"{'backend':8} {'op':4} {'page':>8} {'GB/s':>7} {'base GB/s':>10} {'ratio':>6}")
     for r in results:
         page = f"{r.page_bytes >> 10} KiB"

@@ -41,11 +41,15 @@ class Pages(Protocol):
 
 
 class Baseline(Protocol):
-    """The plain way of storing the same pages; ``clear`` removes what ``write`` stored."""
+    """The plain way of storing the same pages, batch by batch (``span``).
+
+    ``prepare`` runs once before the timed batches; ``clear`` removes what was written.
+    """
 
     description: str
 
-    def write(self, work: Pages) -> None: ...
+    def prepare(self, work: Pages) -> None: ...
+    def write(self, work: Pages, span: slice) -> None: ...
     def read(self, work: Pages, span: slice) -> None: ...
     def clear(self, work: Pages) -> None: ...
 
@@ -77,11 +81,13 @@ class FileBaseline:
     def _dir(self, work: Pages) -> Path:
         return self._root / f"plain-{len(work.src[0])}"
 
-    def write(self, work: Pages) -> None:
+    def prepare(self, work: Pages) -> None:
         self._dir(work).mkdir(exist_ok=True)
-        for i, view in enumerate(work.src):
+
+    def write(self, work: Pages, span: slice) -> None:
+        for i in range(*span.indices(len(work.src))):
             with open(self._dir(work) / str(i), "wb") as file:
-                file.write(view)
+                file.write(work.src[i])
 
     def read(self, work: Pages, span: slice) -> None:
         for i in range(*span.indices(len(work.dst))):
@@ -92,7 +98,8 @@ class FileBaseline:
         shutil.rmtree(self._dir(work), ignore_errors=True)
 
 
-def _batches(work: Pages) -> Iterator[slice]:
+def batches(work: Pages) -> Iterator[slice]:
+    """The spans of the bench's batches."""
     for i in range(0, len(work.keys), work.batch):
         yield slice(i, i + work.batch)
 
@@ -107,12 +114,14 @@ class RedisBaseline:
     def _names(keys: Sequence[bytes]) -> list[bytes]:
         return [b"bench-raw:" + key for key in keys]
 
-    def write(self, work: Pages) -> None:
-        for span in _batches(work):
-            pipe = self._client.pipeline()
-            for name, view in zip(self._names(work.keys[span]), work.src[span], strict=True):
-                pipe.set(name, view)
-            pipe.execute()
+    def prepare(self, work: Pages) -> None:
+        pass
+
+    def write(self, work: Pages, span: slice) -> None:
+        pipe = self._client.pipeline()
+        for name, view in zip(self._names(work.keys[span]), work.src[span], strict=True):
+            pipe.set(name, view)
+        pipe.execute()
 
     def read(self, work: Pages, span: slice) -> None:
         pipe = self._client.pipeline()
@@ -122,7 +131,7 @@ class RedisBaseline:
             view[:] = value
 
     def clear(self, work: Pages) -> None:
-        for span in _batches(work):
+        for span in batches(work):
             pipe = self._client.pipeline()
             for name in self._names(work.keys[span]):
                 pipe.delete(name)
