@@ -14,31 +14,35 @@ after the checks (the protocol's rule that ``dst`` changes only on a hit rules
 out reading straight into it). Every call runs on a worker thread and is given
 up after ``timeout_s``; its staging buffer is then never reused, since the
 transfer may still write into it. Mooncake answers with status codes, mapped
-one by one in ``_Code``; anything unexpected is a miss or a failed put, logged.
+one by one (``mooncake_client.Status``); anything unexpected is a miss or a failed put, logged.
 
-``stats()`` cannot list a Mooncake Store: ``entries`` and ``bytes_used`` count
-the pages this object stored minus those it removed (other clients' pages and
-the store's own evictions are not seen).
+A Mooncake Store cannot be listed: ``stats()`` reports the counters, with
+``entries`` and ``bytes_used`` 0. A damaged object that a read cannot remove
+(its own read lease protects it for a while) is removed by a later call; until
+then a put of its key fails.
 """
 
 from __future__ import annotations
 
-import ctypes
-import enum
 import logging
-import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import NamedTuple, Protocol, TypeVar
-from urllib.parse import parse_qs, urlsplit
+from typing import NamedTuple
 
 from storage_backends.base import StorageStats
 from storage_backends.batch import check_batch, check_keys, count_leading
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
-from storage_backends.errors import StorageClosedError, StorageOpenError
+from storage_backends.errors import StorageClosedError
+from storage_backends.mooncake_client import (
+    GET_MISSES,
+    StagingPool,
+    Status,
+    layout,
+    open_store,
+)
 from storage_backends.page_format import (
     HEADER_BYTES,
     Verdict,
@@ -47,146 +51,6 @@ from storage_backends.page_format import (
 )
 
 logger = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
-_MIN_STAGING = 16 << 20
-
-
-class _Code(enum.IntEnum):
-    """Mooncake Store status codes this backend tells apart (mooncake-store types.h)."""
-
-    OK = 0
-    INVALID_PARAMS = -600  # a get buffer smaller than the object: another page size
-    REPLICA_IS_NOT_READY = -703  # being written by another client: a miss for now
-    OBJECT_NOT_FOUND = -704
-    OBJECT_ALREADY_EXISTS = -705
-    OBJECT_HAS_LEASE = -706  # being read: cannot be removed yet
-    LEASE_EXPIRED = -707  # a read outlived its lease and was discarded: a miss, logged
-    TRANSFER_FAIL = -800  # the holder is gone, or the object is not the size asked for
-    RPC_FAIL = -900  # the master is unreachable
-
-
-_GET_MISSES = frozenset({_Code.OBJECT_NOT_FOUND, _Code.REPLICA_IS_NOT_READY, _Code.INVALID_PARAMS})
-
-
-class MooncakeStore(Protocol):
-    """The slice of ``mooncake.store.MooncakeDistributedStore`` this backend calls."""
-
-    def setup(
-        self, host: str, metadata: str, segment: int, buffer: int, proto: str, dev: str, addr: str
-    ) -> int: ...
-    def register_buffer(self, ptr: int, size: int) -> int: ...
-    def batch_is_exist(self, keys: list[str]) -> list[int]: ...
-    def batch_get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]: ...
-    def batch_put_from(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]: ...
-    def batch_remove(self, keys: list[str]) -> list[int]: ...
-    def close(self) -> int: ...
-
-
-class Endpoint(NamedTuple):
-    master: str  # host:port
-    host: str
-    port: int
-    metadata: str
-    local_hostname: str
-    protocol: str
-    segment_bytes: int
-
-
-def parse_endpoint(endpoint: str) -> Endpoint:
-    """``mooncake://host:port[?metadata=…&local_hostname=…&protocol=…&segment_bytes=…]``."""
-    parts = urlsplit(endpoint)
-    if parts.scheme != "mooncake" or not parts.hostname or parts.port is None:
-        raise ValueError(f"storage.endpoint must be mooncake://host:port[?...], got {endpoint!r}")
-    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    unknown = set(query) - {"metadata", "local_hostname", "protocol", "segment_bytes"}
-    if unknown:
-        raise ValueError(f"storage.endpoint: unknown mooncake option(s) {sorted(unknown)}")
-    segment = query.get("segment_bytes", "0")
-    if not segment.isdigit():
-        raise ValueError(f"storage.endpoint: segment_bytes must be an integer, got {segment!r}")
-    return Endpoint(
-        master=f"{parts.hostname}:{parts.port}",
-        host=parts.hostname,
-        port=parts.port,
-        metadata=query.get("metadata", "P2PHANDSHAKE"),
-        local_hostname=query.get("local_hostname", "127.0.0.1"),
-        protocol=query.get("protocol", "tcp"),
-        segment_bytes=int(segment),
-    )
-
-
-def _open_store(config: StorageConfig) -> MooncakeStore:
-    """A set-up client; StorageOpenError if the master is unreachable (setup would block ~90 s)."""
-    endpoint = parse_endpoint(config.endpoint)
-    try:
-        socket.create_connection((endpoint.host, endpoint.port), config.timeout_s).close()
-    except OSError as exc:
-        raise StorageOpenError(f"mooncake master {endpoint.master} unreachable: {exc}") from exc
-    try:
-        from mooncake.store import MooncakeDistributedStore
-    except ImportError as exc:
-        raise StorageOpenError(f"the mooncake backend needs mooncake installed: {exc}") from exc
-    store: MooncakeStore = MooncakeDistributedStore()
-    status = store.setup(
-        endpoint.local_hostname,
-        endpoint.metadata,
-        endpoint.segment_bytes,
-        _MIN_STAGING,
-        endpoint.protocol,
-        "",
-        endpoint.master,
-    )
-    if status != _Code.OK:
-        raise StorageOpenError(f"mooncake setup with master {endpoint.master} failed: {status}")
-    return store
-
-
-class _Buffer(NamedTuple):
-    data: bytearray
-    address: int
-
-    def view(self, offset: int, size: int) -> memoryview:
-        return memoryview(self.data)[offset : offset + size]
-
-
-class _StagingPool:
-    """Registered host buffers, one per call in flight; thread-safe."""
-
-    def __init__(self, store: MooncakeStore) -> None:
-        self._store = store
-        self._lock = threading.Lock()
-        self._free: list[_Buffer] = []
-        self._abandoned: list[_Buffer] = []  # kept alive: a given-up transfer may still write
-
-    def acquire(self, size: int) -> _Buffer:
-        with self._lock:
-            for i, buf in enumerate(self._free):
-                if len(buf.data) >= size:
-                    return self._free.pop(i)
-        data = bytearray(max(_MIN_STAGING, 1 << (size - 1).bit_length()))
-        address = ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data))
-        if self._store.register_buffer(address, len(data)) != _Code.OK:
-            raise MemoryError("mooncake could not register a staging buffer")
-        return _Buffer(data, address)
-
-    def release(self, buf: _Buffer, reusable: bool) -> None:
-        with self._lock:
-            (self._free if reusable else self._abandoned).append(buf)
-
-
-class _Slots(NamedTuple):
-    offsets: list[int]
-    sizes: list[int]
-    total: int
-
-
-def _slots(sizes: list[int]) -> _Slots:
-    offsets, total = [], 0
-    for size in sizes:
-        offsets.append(total)
-        total += size
-    return _Slots(offsets, sizes, total)
 
 
 class _Read(NamedTuple):
@@ -215,8 +79,8 @@ class MooncakeBackend:
     def __init__(self, config: StorageConfig) -> None:
         self._config = config
         self._prefix = f"{config.key_prefix}:{config.fingerprint}:"
-        self._store = _open_store(config)
-        self._staging = _StagingPool(self._store)
+        self._store = open_store(config)
+        self._staging = StagingPool(self._store)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mooncake-io")
         self._counters = StatCounters()
         self._lock = threading.Lock()
@@ -272,7 +136,7 @@ class MooncakeBackend:
 
     def _read(self, keys: Sequence[bytes], views: list[memoryview]) -> _Read:
         """Fetch into staging, check, and copy intact pages of the right size into ``views``."""
-        slots = _slots([HEADER_BYTES + len(view) for view in views])
+        slots = layout([HEADER_BYTES + len(view) for view in views])
         buf = self._staging.acquire(slots.total)
         names = self._names(keys)
         ptrs = [buf.address + offset for offset in slots.offsets]
@@ -286,7 +150,7 @@ class MooncakeBackend:
                 hits[i] = verdict is Verdict.OK
                 if verdict.corrupt:
                     damaged.append(keys[i])
-            elif code not in _GET_MISSES:
+            elif code not in GET_MISSES:
                 logger.warning("mooncake get of %s: status %d (a miss)", names[i], code)
         self._staging.release(buf, reusable=answer.finished)
         return _Read(hits, damaged)
@@ -297,10 +161,10 @@ class MooncakeBackend:
         codes = self._call(lambda: self._store.batch_remove(names), len(names), "remove").codes
         if codes is None:
             return _Removal([], [])
-        removed = [key for key, code in zip(keys, codes, strict=True) if code == _Code.OK]
+        removed = [key for key, code in zip(keys, codes, strict=True) if code == Status.OK]
         self._counters.note_removed(removed)
         gone = [
-            key for key, code in zip(keys, codes, strict=True) if code == _Code.OBJECT_NOT_FOUND
+            key for key, code in zip(keys, codes, strict=True) if code == Status.OBJECT_NOT_FOUND
         ]
         return _Removal(removed, removed + gone)
 
@@ -343,7 +207,7 @@ class MooncakeBackend:
         todo = [i for i, code in enumerate(present.codes) if code == 0]
         if not todo:
             return _Written(results, 0)
-        slots = _slots([HEADER_BYTES + len(views[i]) for i in todo])
+        slots = layout([HEADER_BYTES + len(views[i]) for i in todo])
         buf = self._staging.acquire(slots.total)
         for i, offset in zip(todo, slots.offsets, strict=True):
             buf.data[offset : offset + HEADER_BYTES] = build_header(keys[i], views[i])
@@ -359,8 +223,8 @@ class MooncakeBackend:
             return _Written(results, 0)  # todo entries stay False
         stored = 0
         for i, code in zip(todo, answer.codes, strict=True):
-            results[i] = code in (_Code.OK, _Code.OBJECT_ALREADY_EXISTS)
-            stored += code == _Code.OK
+            results[i] = code in (Status.OK, Status.OBJECT_ALREADY_EXISTS)
+            stored += code == Status.OK
             if not results[i]:
                 logger.warning("mooncake put of %s: status %d (not stored)", names[i], code)
         return _Written(results, stored)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from hicache.bench.storage_targets import Pages, batches
-from storage_backends.mooncake_backend import parse_endpoint
+from storage_backends.mooncake_client import parse_endpoint
 
 
 def _address(view: memoryview) -> int:

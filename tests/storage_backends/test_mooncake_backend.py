@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from storage_backends import StorageBackend, StorageConfig, StorageOpenError, create
-from storage_backends.mooncake_backend import parse_endpoint
+from storage_backends.mooncake_client import parse_endpoint
 from storage_backends.mooncake_local import LocalMooncake
 from tests.engine.helpers import (
     assert_same,
