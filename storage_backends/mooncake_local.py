@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from storage_backends.redis_cluster import free_ports
+from storage_backends.local_process import free_ports, terminate
 
 _POLL_S = 0.05
 
@@ -139,12 +139,6 @@ class LocalMooncake:
     def stop(self) -> None:
         """Terminate the servers by PID and remove the logs; idempotent."""
         for process in reversed(self._processes):
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=10)
+            terminate(process)
         self._processes = []
         shutil.rmtree(self._dir, ignore_errors=True)

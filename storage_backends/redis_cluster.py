@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import redis
+
+from storage_backends.local_process import free_ports, terminate
 
 logger = logging.getLogger(__name__)
 
@@ -63,18 +64,6 @@ class RedisNode(NamedTuple):
 def redis_server_binary() -> str | None:
     """Path of ``redis-server``, or None when it is not installed."""
     return shutil.which("redis-server")
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports the OS reports free on 127.0.0.1 (held open together)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _client(port: int) -> redis.Redis:
@@ -134,7 +123,7 @@ class LocalRedisCluster:
             if self._wait_ping(node, deadline):
                 return node
             logger.info("redis-server on port %d did not start (port taken?); retrying", port)
-            _terminate(process)
+            terminate(process)
         raise RedisUnavailableError(
             f"redis-server failed to start {_PORT_ATTEMPTS} times; see {node_dir}/redis.log"
         )
@@ -236,7 +225,7 @@ class LocalRedisCluster:
     def stop(self) -> None:
         """Terminate every node by PID; idempotent."""
         for node in self.nodes:
-            _terminate(node.process)
+            terminate(node.process)
         self.nodes = []
         if self._own_dir:
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -249,14 +238,3 @@ def _spawn(binary: str, args: list[str]) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-
-
-def _terminate(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
