@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from storage_backends import StorageBackend, StorageConfig, StorageOpenError, create
 from storage_backends.redis_backend import key_prefix
@@ -150,3 +151,39 @@ def test_key_prefix_without_hash_tags(prefix: str) -> None:
 def test_endpoint_needs_host_and_port(endpoint: str) -> None:
     with pytest.raises(ValueError, match="host:port"):
         create("redis", StorageConfig(backend="redis", endpoint=endpoint))
+
+
+def test_resharded_slot_is_followed(
+    own_redis_cluster: StartCluster, pages: Pages, make_backend: MakeBackend
+) -> None:
+    """A slot moved to another master (as ``redis-cli --cluster reshard`` does): after a
+    MOVED reply or two the backend reloads the slot map and finds the page again."""
+    cluster = own_redis_cluster(ClusterOptions(masters=2))
+    store = make_backend(_config(cluster))
+    key = pages.key(0)
+    assert store.put([key], pages.payloads([0], SIZE)) == [True]
+    source = _owners(cluster, [key])[0]
+    target = 1 - source
+    _move_slot(cluster, key_slot(key_prefix(_config(cluster)) + key), source, target)
+    assert _owners(cluster, [key]) == [target]
+    dst = pages.buffers(1, SIZE)
+    deadline = time.monotonic() + 30
+    while store.get([key], dst) != [True] and time.monotonic() < deadline:
+        time.sleep(0.1)  # misses until the slot map is reloaded (at most once a second)
+    assert bytes(dst[0]) == pages.payload(0, SIZE)
+
+
+def _move_slot(cluster: LocalRedisCluster, slot: int, source: int, target: int) -> None:
+    clients = [cluster.client(i) for i in range(len(cluster.nodes))]
+    try:
+        ids = [client.execute_command("CLUSTER", "MYID").decode() for client in clients]
+        clients[target].execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
+        clients[source].execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+        names = clients[source].execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+        port = cluster.nodes[target].port
+        clients[source].execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *names)
+        for client in clients:
+            client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+    finally:
+        for client in clients:
+            client.close()
