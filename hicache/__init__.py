@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 
 # Public names, imported on first use so that `import hicache` stays cheap and
 # importing one subpackage never drags in the others.
@@ -16,7 +17,16 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("hicache")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> object:
+    if name == "__version__":
+        return _version()
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'hicache' has no attribute {name!r}")

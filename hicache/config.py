@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from device_pool import KVShape, dtype_from_name
+from hicache.eviction import EVICTION_POLICIES
+from hicache.prefetch_policy import PREFETCH_POLICIES
+from hicache.write_policy import WRITE_POLICIES
 from storage_backends import StorageConfig
 
 Scalar = str | int | float | bool
@@ -119,23 +122,28 @@ class PolicyConfig:
     io_workers: int = 2
 
     def __post_init__(self) -> None:
-        _one_of(self.eviction, ("lru", "lfu"), "policy.eviction")
-        _one_of(
-            self.write_policy,
-            ("write_through", "write_through_selective", "write_back"),
-            "policy.write_policy",
-        )
-        _one_of(
-            self.prefetch_policy,
-            ("best_effort", "wait_complete", "timeout"),
-            "policy.prefetch_policy",
-        )
+        _one_of(self.eviction, tuple(EVICTION_POLICIES), "policy.eviction")
+        _one_of(self.write_policy, tuple(WRITE_POLICIES), "policy.write_policy")
+        _one_of(self.prefetch_policy, tuple(PREFETCH_POLICIES), "policy.prefetch_policy")
         for name in ("write_through_threshold", "io_workers"):
             _check(getattr(self, name) >= 1, f"policy.{name}", "must be >= 1")
         for name in ("load_back_threshold", "prefetch_threshold"):
             _check(getattr(self, name) >= 0, f"policy.{name}", "must be >= 0")
         for name in ("prefetch_timeout_base_s", "prefetch_timeout_per_1k_s"):
             _check(getattr(self, name) >= 0, f"policy.{name}", "must be >= 0")
+
+
+def choice_fields() -> dict[str, tuple[str, ...]]:
+    """Config keys whose value is a name from a registry, with the names (for
+    the CLI help: the registries are the one list)."""
+    from storage_backends.registry import FACTORIES
+
+    return {
+        "policy.eviction": tuple(EVICTION_POLICIES),
+        "policy.write_policy": tuple(WRITE_POLICIES),
+        "policy.prefetch_policy": tuple(PREFETCH_POLICIES),
+        "storage.backend": tuple(FACTORIES),
+    }
 
 
 @dataclass(frozen=True)
@@ -154,10 +162,27 @@ class TransferConfig:
 
 @dataclass(frozen=True)
 class EventsConfig:
-    """KV events; published on a ZeroMQ PUB socket when ``endpoint`` is set."""
+    """KV events; published on a ZeroMQ PUB socket when ``endpoint`` is set,
+    encoded in vLLM's or SGLang's schema (``format``). A ROUTER socket on
+    ``replay_endpoint`` (when set) serves the last ``replay_buffer`` batches
+    again to subscribers that missed some."""
 
     endpoint: str = ""
     topic: str = "kv-events"
+    format: str = "vllm"
+    replay_endpoint: str = ""
+    replay_buffer: int = 10_000
+
+    def __post_init__(self) -> None:
+        from hicache.event_formats import FORMATS
+
+        _one_of(self.format, tuple(FORMATS), "events.format")
+        _check(self.replay_buffer >= 1, "events.replay_buffer", "must be >= 1")
+        _check(
+            not self.replay_endpoint or bool(self.endpoint),
+            "events.replay_endpoint",
+            "needs events.endpoint (replay serves what was published)",
+        )
 
 
 @dataclass(frozen=True)

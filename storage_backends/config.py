@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 BACKENDS = ("none", "memory", "lmdb", "file", "redis", "mooncake")
 
@@ -11,7 +13,8 @@ BACKENDS = ("none", "memory", "lmdb", "file", "redis", "mooncake")
 class StorageConfig:
     """Where and how pages are stored outside the process.
 
-    ``backend = "none"`` disables the storage tier. ``fingerprint`` is not set
+    ``backend = "none"`` disables the storage tier. An empty ``path`` puts an
+    lmdb or file store in the per-user cache directory (``store_dir()``). ``fingerprint`` is not set
     by users: the cache fills it with the model fingerprint (hex) so that a
     store refuses pages written for another model unless
     ``allow_fingerprint_mismatch`` is set.
@@ -35,10 +38,12 @@ class StorageConfig:
     key_prefix: str = "hicache"
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"storage.backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.backend in ("lmdb", "file") and not self.path:
-            raise ValueError(f"storage.path is required for the {self.backend!r} backend")
+        if not _known_backend(self.backend):
+            raise ValueError(
+                f"storage.backend must be one of {BACKENDS}, a name registered under the "
+                f"'hicache.storage_backends' entry points, or package.module:Class; "
+                f"got {self.backend!r}"
+            )
         if self.max_bytes < 1:
             raise ValueError(f"storage.max_bytes must be >= 1, got {self.max_bytes}")
         if self.backend == "redis" and not self.endpoint.startswith("redis://"):
@@ -64,3 +69,24 @@ class StorageConfig:
     @property
     def enabled(self) -> bool:
         return self.backend != "none"
+
+    def store_dir(self) -> Path:
+        """``path``, or when empty ``user_cache_dir()/store/<fingerprint prefix>``
+        (one store per model, so that switching models never mixes pages)."""
+        if self.path:
+            return Path(self.path).expanduser()
+        return user_cache_dir() / "store" / (self.fingerprint[:16] or "any-model")
+
+
+def _known_backend(name: str) -> bool:
+    from storage_backends.plugins import entry_point_names, is_dotted
+
+    return name in BACKENDS or is_dotted(name) or name in entry_point_names()
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/hicache`` (when set to an absolute path, as the XDG
+    spec asks), else ``~/.cache/hicache``."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    return root / "hicache"

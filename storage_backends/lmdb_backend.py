@@ -182,7 +182,7 @@ class LmdbBackend:
             self._init_meta()
         except lmdb.Error as exc:
             self._env.close()
-            raise StorageOpenError(f"storage.path {config.path}: {exc}") from exc
+            raise StorageOpenError(f"storage.path {config.store_dir()}: {exc}") from exc
         except BaseException:
             self._env.close()
             raise
@@ -252,7 +252,7 @@ class LmdbBackend:
             logger.exception("could not delete %d damaged pages", len(keys))
             return 0
         self._counters.note_removed(writer.removed)
-        logger.warning("deleted %d damaged pages from %s", dropped, self._config.path)
+        logger.warning("deleted %d damaged pages from %s", dropped, self._config.store_dir())
         return dropped
 
     def _touch(self, keys: list[bytes]) -> None:
@@ -313,7 +313,7 @@ class LmdbBackend:
                 limit = full.index if full.index < limit else limit - 1
                 logger.warning(
                     "LMDB store %s is full; %d pages not stored",
-                    self._config.path,
+                    self._config.store_dir(),
                     len(keys) - max(limit, 0),
                 )
                 if limit < 0:

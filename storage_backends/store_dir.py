@@ -22,13 +22,19 @@ class StoreMeta(NamedTuple):
 
 
 def prepare_store_dir(config: StorageConfig) -> Path:
-    """Return ``config.path`` as a writable directory, creating it (not its parents).
+    """Return ``config.store_dir()`` as a writable directory, creating it (not
+    its parents, to catch typos, unless it is the default per-user directory).
 
     Raises StorageOpenError with the reason when that is impossible.
     """
+    path = config.store_dir()
     if not config.path:
-        raise StorageOpenError("storage.path is empty; a directory is required")
-    path = Path(config.path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageOpenError(
+                f"{path}: cannot create the user cache directory: {exc}"
+            ) from exc
     if not path.parent.is_dir():
         raise StorageOpenError(
             f"storage.path {path}: parent directory {path.parent} is missing or not a directory"
@@ -57,15 +63,15 @@ def reconcile_meta(stored: StoreMeta | None, config: StorageConfig) -> StoreMeta
         return StoreMeta(FORMAT_VERSION, config.fingerprint)
     if stored.format_version != FORMAT_VERSION:
         raise StorageOpenError(
-            f"store {config.path} uses page format v{stored.format_version}; this build reads "
-            f"v{FORMAT_VERSION}; delete the directory to start a new store"
+            f"store {config.store_dir()} uses page format v{stored.format_version}; this build "
+            f"reads v{FORMAT_VERSION}; delete the directory to start a new store"
         )
     if not stored.fingerprint:
         return StoreMeta(FORMAT_VERSION, config.fingerprint)
     if not config.fingerprint or stored.fingerprint == config.fingerprint:
         return stored
     message = (
-        f"store {config.path} was created for model fingerprint {stored.fingerprint}, "
+        f"store {config.store_dir()} was created for model fingerprint {stored.fingerprint}, "
         f"not {config.fingerprint}"
     )
     if not config.allow_fingerprint_mismatch:

@@ -29,3 +29,43 @@ def test_readme_example_runs() -> None:
     cache = scope["cache"]
     cache.check_integrity()  # type: ignore[attr-defined]
     assert cache.evictable_size() == 96  # type: ignore[attr-defined]
+
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_docs_link_nothing_outside_the_repository() -> None:
+    for doc in DOCS:
+        text = doc.read_text()
+        assert not re.search(r"https?://", text), f"{doc.name} links outside the repository"
+        assert "../" not in text, f"{doc.name} points above the repository"
+        for target in re.findall(r"\]\(([^)]+)\)", text):
+            path = (doc.parent / target.split("#")[0]).resolve()
+            assert path.is_relative_to(REPO) and path.exists(), f"{doc.name}: broken {target}"
+
+
+def test_readme_config_table_is_generated_from_the_dataclasses() -> None:
+    from hicache import config_doc
+
+    text = (REPO / "README.md").read_text()
+    expected = config_doc.replace_block(text, config_doc.markdown_table())
+    assert text == expected, "run: python -m hicache.config_doc --write README.md"
+
+
+def test_every_config_key_is_explained() -> None:
+    from hicache import config_doc
+
+    missing = [d.key for d in config_doc.field_docs() if not d.meaning]
+    assert missing == [], f"add these keys to hicache.config_doc.MEANINGS: {missing}"
+    stale = set(config_doc.MEANINGS) - set(config_doc.config_keys())
+    assert stale == set(), f"MEANINGS names keys that no longer exist: {stale}"
+
+
+def test_config_table_shows_the_shipped_defaults() -> None:
+    from hicache import config_doc
+
+    rows = {d.key: d for d in config_doc.field_docs()}
+    # default.toml sets these differently from the dataclasses; both columns say so.
+    assert rows["storage.backend"].shipped == "lmdb" and rows["storage.backend"].unset == "none"
+    table = config_doc.markdown_table()
+    assert '| `storage.backend` | `"lmdb"` | `"none"` |' in table

@@ -1,25 +1,83 @@
-"""Benchmarks behind ``hicache bench <name>``.
+"""Run a benchmark: tiering (the main job), tree, transfer, storage, engine.
 
 Each benchmark is a module exposing ``add_arguments(parser)`` and
-``run(args) -> int``; the registry maps names to module paths so that a
-benchmark's heavy imports happen only when it runs.
+``run(args) -> int``. The table below says, per benchmark, its one-line
+summary, the optional packages it needs (checked before it runs, with a hint
+to install the extra), and which config keys it reads, so that a ``--set``
+it would ignore is refused instead. A benchmark's module is imported only
+when its flags are built or it runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import MappingProxyType, ModuleType
+from typing import NamedTuple
 
-BENCHMARKS: MappingProxyType[str, str] = MappingProxyType(
+from hicache.cli_common import add_command, add_config_flags
+from hicache.config import Scalar
+
+
+class Benchmark(NamedTuple):
+    """``reads``: config key prefixes the benchmark honours ("" = all) less
+    ``ignores``; ``flags``: config keys it maps onto its own flags instead."""
+
+    module: str
+    extras: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ("",)
+    ignores: tuple[str, ...] = ()
+    flags: Mapping[str, str] = MappingProxyType({})
+
+
+BENCH_EXTRA = "hicache[bench]"
+BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
     {
-        "tiering": "hicache.bench.tiering",
-        "tree": "hicache.bench.tree",
-        "transfer": "hicache.bench.transfer",
-        "storage": "hicache.bench.storage",
-        "engine": "hicache.bench.engine",
+        "tiering": Benchmark(
+            "hicache.bench.tiering",
+            extras=("tqdm", "matplotlib"),
+            ignores=("storage.path",),
+        ),
+        "tree": Benchmark(
+            "hicache.bench.tree",
+            extras=("tqdm",),
+            reads=("device.page_size", "device.num_tokens", "policy.eviction"),
+        ),
+        "transfer": Benchmark(
+            "hicache.bench.transfer",
+            reads=(),
+            flags=MappingProxyType(
+                {
+                    "model.num_layers": "--layers",
+                    "model.kv_heads": "--kv-heads",
+                    "model.head_dim": "--head-dim",
+                    "model.dtype": "--dtype",
+                    "device.device": "--device",
+                    "transfer.workers": "--workers",
+                    "transfer.io_backend": "--io-backend",
+                }
+            ),
+        ),
+        "storage": Benchmark(
+            "hicache.bench.storage",
+            reads=(),
+            flags=MappingProxyType(
+                {"storage.backend": "--backend", "storage.endpoint": "--endpoint"}
+            ),
+        ),
+        "engine": Benchmark(
+            "hicache.bench.engine",
+            ignores=(
+                "host.enabled",
+                "host.reserve_gb",
+                "storage.",
+                "policy.write_policy",
+                "policy.prefetch_policy",
+                "policy.prefetch_threshold",
+                "policy.load_back_threshold",
+            ),
+        ),
     }
 )
 
@@ -27,24 +85,59 @@ BENCHMARKS: MappingProxyType[str, str] = MappingProxyType(
 def load(name: str) -> ModuleType:
     """Import the module of benchmark ``name``; ValueError for an unknown name."""
     try:
-        return importlib.import_module(BENCHMARKS[name])
+        return importlib.import_module(BENCHMARKS[name].module)
     except KeyError:
         raise ValueError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}") from None
 
 
-def add_parsers(
-    sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]
-) -> None:
-    """Add one sub-command per benchmark whose module imports; ``common`` adds
-    the flags every sub-command shares."""
+def missing_extras(name: str) -> list[str]:
+    """The optional packages benchmark ``name`` needs that do not import."""
+    return [m for m in BENCHMARKS[name].extras if not _imports(m)]
+
+
+def _imports(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def _matches(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == p or key.startswith(p) or p == "" for p in prefixes)
+
+
+def config_flags(name: str, overrides: Mapping[str, Scalar]) -> list[str]:
+    """The flags that ``--set`` ``overrides`` stand for in benchmark ``name``,
+    as ``[flag, value, ...]``; ValueError for a key it does not read."""
+    bench = BENCHMARKS[name]
+    out: list[str] = []
+    for key, value in overrides.items():
+        if key in bench.flags:
+            out += [bench.flags[key], str(value)]
+        elif not _matches(key, bench.reads) or _matches(key, bench.ignores):
+            reads = [*bench.flags, *(p.rstrip(".") for p in bench.reads if p)]
+            what = ", ".join(reads) if reads else "no config keys"
+            raise ValueError(
+                f"--set {key}: bench {name} does not read this key (it reads {what}); "
+                f"refusing rather than ignoring it"
+            )
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``hicache bench <name>``: one sub-command per benchmark."""
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     for name in BENCHMARKS:
-        try:
-            module = load(name)
-        except ImportError as e:  # a benchmark whose optional deps are missing
-            logging.getLogger(__name__).debug("benchmark %s unavailable: %s", name, e)
-            continue
-        p = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
-        common(p)
+        module = load(name)
+        p = add_command(sub, name, module.__doc__)
+        add_config_flags(p)
         module.add_arguments(p)
-        run: Callable[[argparse.Namespace], int] = module.run
-        p.set_defaults(bench_run=run)
+        p.set_defaults(run=_runner(name))
+
+
+def _runner(name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        return int(load(name).run(args))
+
+    return run

@@ -1,4 +1,13 @@
-"""What tiering buys: replay a workload through no cache, device, +host, +storage."""
+"""What tiering buys: replay a workload through no cache, device, +host, +storage.
+
+The replay is deterministic: each request waits for its own prefetch, and
+after it the bench drains every backup and storage write (``drain()``), so
+the next request meets the same cache on every run of the same seed and
+config. (The engine keeps the timing-dependent prefetch policy; only the
+bench pins it down.) The storage tier is the configured backend: lmdb or file
+in a temporary directory, redis or mooncake under a key prefix of this run,
+memory as it is; with none configured, LMDB in a temporary directory.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +20,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from tqdm import tqdm
 
+from hicache.bench.provenance import provenance
 from hicache.bench.workloads import (
     FewShotSpec,
     LongDocSpec,
@@ -27,6 +36,17 @@ from hicache.config import CacheConfig, HostConfig
 from storage_backends import StorageConfig
 
 LINKS = ("d2h", "h2d", "h2s", "s2h")
+TIERS = ("device", "host", "storage")
+# Backends whose store is a directory: the bench gives them a fresh temporary one.
+PATH_BACKENDS = ("lmdb", "file")
+# Backends of a shared network store: the bench uses it under a key prefix of its own.
+NETWORK_BACKENDS = ("redis", "mooncake")
+# What one "round" of each workload is, for the plot's axis.
+ROUND_MEANING = {
+    "multiturn": "turn r of every conversation",
+    "longdoc": "the r-th question to every document",
+    "fewshot": "the r-th query behind every few-shot prefix",
+}
 
 
 class TierSetup(NamedTuple):
@@ -45,6 +65,9 @@ class Served(NamedTuple):
 
 @dataclass(frozen=True)
 class TierReport:
+    """One set-up's figures. Every field but ``cache_ms_per_request`` (a
+    timing) is the same on every run of the same seed and config."""
+
     name: str
     hit_rate: float
     hit_rate_by_tier: dict[str, float]
@@ -53,17 +76,27 @@ class TierReport:
     cache_ms_per_request: float
     peak_bytes: dict[str, int]
     hit_rate_by_round: list[float]
+    hit_rate_by_round_by_tier: dict[str, list[float]]
+
+    def figures(self) -> dict[str, object]:
+        """The reproducible part of the report (everything but timings)."""
+        out = asdict(self)
+        del out["cache_ms_per_request"]
+        return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--workload", choices=("multiturn", "longdoc", "fewshot"), default="multiturn"
+        "--workload",
+        choices=("multiturn", "longdoc", "fewshot"),
+        default="multiturn",
+        help="request trace",
     )
     parser.add_argument(
         "--clients", type=int, default=48, help="conversations / documents / prefixes"
     )
     parser.add_argument("--rounds", type=int, default=6, help="turns / questions / queries")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="workload seed")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="report folder")
     parser.add_argument("--json", type=Path, default=None, help="default: OUT/tiering.json")
     parser.add_argument("--plot", type=Path, default=None, help="default: OUT/tiering.png")
@@ -77,16 +110,23 @@ def build_trace(workload: str, clients: int, rounds: int, seed: int) -> list[Tra
     return list(fewshot(FewShotSpec(prefixes=clients, queries=rounds, seed=seed)))
 
 
+def storage_setup(config: CacheConfig, store_dir: Path) -> StorageConfig:
+    """The storage tier the full set-up uses (see the module docstring)."""
+    storage = config.storage
+    if not storage.enabled:
+        return StorageConfig(backend="lmdb", path=str(store_dir), max_bytes=8 << 30)
+    if storage.backend in PATH_BACKENDS:
+        return replace(storage, path=str(store_dir))
+    if storage.backend in NETWORK_BACKENDS:  # keys of this run only: no earlier run's pages
+        return replace(storage, key_prefix=f"{storage.key_prefix}-{store_dir.parent.name}")
+    return storage
+
+
 def tier_setups(config: CacheConfig, store_dir: Path) -> list[TierSetup]:
     """The same device capacity in every set-up; only the lower tiers change."""
     no_host = replace(config.host, enabled=False)
     host = config.host if config.host.enabled else HostConfig()
-    storage = config.storage
-    if storage.backend == "redis":  # a network store, as configured; keys of this run only
-        storage = replace(storage, key_prefix=f"{storage.key_prefix}-{store_dir.parent.name}")
-    elif not storage.enabled or storage.backend != "lmdb":
-        storage = StorageConfig(backend="lmdb", path="", max_bytes=8 << 30)
-    storage = replace(storage, path=str(store_dir))
+    storage = storage_setup(config, store_dir)
     return [
         TierSetup("no cache", None),
         TierSetup("device", replace(config, host=no_host, storage=StorageConfig())),
@@ -96,11 +136,13 @@ def tier_setups(config: CacheConfig, store_dir: Path) -> list[TierSetup]:
 
 
 def serve(cache: HiRadixCache, req: TraceRequest) -> Served:
-    """One request, driven the way the reference engine drives the cache."""
+    """One request, driven the way the reference engine drives the cache,
+    except that every asynchronous step is awaited (see the module docstring)."""
     tokens = req.tokens
-    m = cache.match_prefix(tokens, with_storage=cache.storage is not None)
+    m = cache.match_prefix(tokens)
     device, fetched = m.device_hit_length, 0
-    if m.storage_hit_length and cache.prefetch("bench", tokens, None, m.last_host_node):
+    # The prefetch job looks storage up, then fetches, on the storage workers.
+    if cache.storage is not None and cache.prefetch("bench", tokens, None, m.last_host_node):
         fetched = cache.wait_prefetch("bench").fetched_tokens
         cache.release_prefetch("bench")
         m = cache.match_prefix(tokens)
@@ -113,7 +155,7 @@ def serve(cache: HiRadixCache, req: TraceRequest) -> Served:
     if new is None:
         raise RuntimeError("device pool too small for one request; raise device.num_tokens")
     cache.cache_finished_req(tokens, torch.cat([prefix, new[:n_new]]), last)
-    cache.poll()
+    cache.drain()
     reused = int(prefix.numel())
     aligned = len(tokens) // cache.page_size * cache.page_size
     return Served(device, max(reused - device - fetched, 0), fetched, aligned)
@@ -129,35 +171,53 @@ def replay(setup: TierSetup, trace: list[TraceRequest]) -> TierReport:
         cache.close()
 
 
+class _Tally:
+    """Tokens served per tier, overall and per round."""
+
+    def __init__(self) -> None:
+        self.tiers = dict.fromkeys(TIERS, 0)
+        self.total = 0
+        self.rounds: dict[int, list[int]] = {}  # round -> [device, host, storage, total]
+
+    def add(self, round_: int, got: Served) -> None:
+        for tier, value in zip(TIERS, got[:3], strict=True):
+            self.tiers[tier] += value
+        self.total += got.total
+        row = self.rounds.setdefault(round_, [0, 0, 0, 0])
+        for i, value in enumerate(got):
+            row[i] += value
+
+    def by_round(self) -> dict[str, list[float]]:
+        rows = [row for _, row in sorted(self.rounds.items())]
+        return {t: [row[i] / max(row[3], 1) for row in rows] for i, t in enumerate(TIERS)}
+
+
 def _replay_cache(name: str, cache: HiRadixCache, trace: list[TraceRequest]) -> TierReport:
-    per_tier = {"device": 0, "host": 0, "storage": 0}
-    rounds: dict[int, list[int]] = {}
+    from tqdm import tqdm  # an extra (hicache[bench]); the CLI checks for it first
+
+    tally = _Tally()
     peak = {"device": 0, "host": 0}
-    spent = total = 0.0
+    spent = 0.0
     for req in tqdm(trace, desc=name, unit="req", leave=False):
         start = time.perf_counter()
-        got = serve(cache, req)
+        tally.add(req.round, serve(cache, req))
         spent += time.perf_counter() - start
-        for tier, value in zip(per_tier, got[:3], strict=True):
-            per_tier[tier] += value
-        total += got.total
-        hits = rounds.setdefault(req.round, [0, 0])
-        hits[0] += got.device + got.host + got.storage
-        hits[1] += got.total
         _track_peak(cache, peak)
     cache.drain()
     stats = cache.stats().as_dict()
-    saved = sum(per_tier.values())
+    saved = sum(tally.tiers.values())
+    by_round = tally.by_round()
     storage_bytes = cache.storage.backend.stats().bytes_used if cache.storage else 0
     return TierReport(
         name=name,
-        hit_rate=saved / max(total, 1),
-        hit_rate_by_tier={k: v / max(total, 1) for k, v in per_tier.items()},
+        hit_rate=saved / max(tally.total, 1),
+        hit_rate_by_tier={k: v / max(tally.total, 1) for k, v in tally.tiers.items()},
         prefill_tokens_saved=saved,
         bytes_moved={link: stats[f"bytes_{link}"] for link in LINKS},
         cache_ms_per_request=spent * 1e3 / max(len(trace), 1),
         peak_bytes={**peak, "storage": storage_bytes},
-        hit_rate_by_round=[h / max(t, 1) for _, (h, t) in sorted(rounds.items())],
+        hit_rate_by_round=[sum(v) for v in zip(*by_round.values(), strict=True)],
+        hit_rate_by_round_by_tier=by_round,
     )
 
 
@@ -171,16 +231,17 @@ def _track_peak(cache: HiRadixCache, peak: dict[str, int]) -> None:
 
 
 def _no_cache_report(name: str, trace: list[TraceRequest]) -> TierReport:
-    rounds = sorted({r.round for r in trace})
+    n_rounds = len({r.round for r in trace})
     return TierReport(
         name=name,
         hit_rate=0.0,
-        hit_rate_by_tier={"device": 0.0, "host": 0.0, "storage": 0.0},
+        hit_rate_by_tier=dict.fromkeys(TIERS, 0.0),
         prefill_tokens_saved=0,
         bytes_moved=dict.fromkeys(LINKS, 0),
         cache_ms_per_request=0.0,
-        peak_bytes={"device": 0, "host": 0, "storage": 0},
-        hit_rate_by_round=[0.0] * len(rounds),
+        peak_bytes=dict.fromkeys(TIERS, 0),
+        hit_rate_by_round=[0.0] * n_rounds,
+        hit_rate_by_round_by_tier={t: [0.0] * n_rounds for t in TIERS},
     )
 
 
@@ -193,6 +254,11 @@ def working_set_tokens(trace: list[TraceRequest]) -> int:
     return sum(longest.values())
 
 
+def ratio(value: float, base: float) -> float | None:
+    """``value / base``, or None (printed "n/a") when the base is 0."""
+    return value / base if base > 0 else None
+
+
 def print_table(reports: list[TierReport]) -> None:
     head = f"{'config':<22}{'hit':>7}{'device':>8}{'host':>8}{'storage':>9}"
     head += f"{'saved tok':>12}{'ms/req':>8}  MiB moved d2h/h2d/h2s/s2h  peak MiB dev/host/disk"
@@ -200,64 +266,53 @@ def print_table(reports: list[TierReport]) -> None:
     for r in reports:
         t = r.hit_rate_by_tier
         moved = "/".join(f"{r.bytes_moved[k] / 2**20:.0f}" for k in LINKS)
-        peak = "/".join(f"{r.peak_bytes[k] / 2**20:.0f}" for k in ("device", "host", "storage"))
+        peak = "/".join(f"{r.peak_bytes[k] / 2**20:.0f}" for k in TIERS)
         print(
             f"{r.name:<22}{r.hit_rate:>7.1%}{t['device']:>8.1%}{t['host']:>8.1%}"
             f"{t['storage']:>9.1%}{r.prefill_tokens_saved:>12,}{r.cache_ms_per_request:>8.2f}"
             f"  {moved:<25}  {peak}"
         )
-
-
-def plot(reports: list[TierReport], path: Path, workload: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in reports:
-        ax.plot(
-            range(1, len(r.hit_rate_by_round) + 1), r.hit_rate_by_round, marker="o", label=r.name
-        )
-    ax.set_xlabel("round")
-    ax.set_ylabel("token hit rate")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"hicache tiering: {workload}")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    print("(ms/req is a timing; every other figure is the same on every run of this seed)")
 
 
 def run(args: argparse.Namespace) -> int:
     config: CacheConfig = args.config
     trace = build_trace(args.workload, args.clients, args.rounds, args.seed)
     capacity = config.device.num_tokens
-    ratio = working_set_tokens(trace) / max(capacity, 1)
+    load = working_set_tokens(trace) / max(capacity, 1)
     print(
-        f"workload {args.workload}: {len(trace)} requests, working set ≈ {ratio:.1f}× "
-        f"the device capacity ({capacity:,} tokens)"
+        f"workload {args.workload} (seed {args.seed}): {len(trace)} requests, working set "
+        f"≈ {load:.1f}× the device capacity ({capacity:,} tokens)"
     )
     with tempfile.TemporaryDirectory(prefix="hicache-bench-") as tmp:
         setups = tier_setups(config, Path(tmp) / "store")
+        full = setups[-1].config
+        assert full is not None
+        print(f"storage tier: {full.storage.backend}")
         reports = [replay(s, trace) for s in setups]
-    if (tiered := setups[-1].config) is not None:
-        print(f"storage tier: {tiered.storage.backend}")
     print_table(reports)
     by_name = {r.name: r for r in reports}
-    gain = by_name["device+host+storage"].hit_rate / max(by_name["device"].hit_rate, 1e-9)
-    print(f"device+host+storage hit rate = {gain:.1f}× device-only")
+    gain = ratio(by_name["device+host+storage"].hit_rate, by_name["device"].hit_rate)
+    shown = "n/a (the device-only hit rate is 0)" if gain is None else f"{gain:.2f}×"
+    print(f"device+host+storage hit rate vs device-only: {shown}")
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.json or args.out / "tiering.json"
     plot_path = args.plot or args.out / "tiering.png"
     payload = {
         "workload": args.workload,
-        "working_set_ratio": ratio,
+        "seed": args.seed,
+        "clients": args.clients,
+        "rounds": args.rounds,
+        "requests": len(trace),
+        "working_set_ratio": load,
         "gain_vs_device": gain,
+        "provenance": provenance(),
+        "config": asdict(config),
         "configs": [asdict(r) for r in reports],
     }
-    json_path.write_text(json.dumps(payload, indent=2))
-    plot(reports, plot_path, args.workload)
+    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+    from hicache.bench.tiering_plot import plot
+
+    plot(reports, plot_path, args.workload, ROUND_MEANING[args.workload])
     print(f"report: {json_path}\nplot:   {plot_path}")
     return 0

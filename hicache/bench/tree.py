@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from hicache.bench.workloads import MultiTurnSpec, TraceRequest, multiturn
 from hicache.cache import HiRadixCache
@@ -54,6 +53,8 @@ def bench_config(config: CacheConfig, page_size: int | None) -> CacheConfig:
 
 def replay(cache: HiRadixCache, trace: list[TraceRequest]) -> TreeBenchResult:
     """Drive the cache as an engine would; KV contents are not touched."""
+    from tqdm import tqdm  # an extra (hicache[bench]); the CLI checks for it first
+
     ops = hit = total = 0
     start = time.perf_counter()
     for req in tqdm(trace, desc="tree", unit="req", leave=False):
@@ -65,7 +66,9 @@ def replay(cache: HiRadixCache, trace: list[TraceRequest]) -> TreeBenchResult:
             ops += 3
             continue
         slots = torch.cat([m.device_indices, new[: len(req.tokens) - m.device_hit_length]])
-        cache.cache_finished_req(req.tokens, slots, m.last_device_node)
+        # The match carries the request's checked, converted key: no second conversion.
+        assert m.key is not None
+        cache.cache_finished_req(m.key, slots, m.last_device_node)
         ops += 4
         hit += m.device_hit_length
         total += len(req.tokens)

@@ -1,6 +1,10 @@
 """Run a short multi-turn chat through the engine and show where each turn's KV came from.
 
-``python -m hicache.engine --config configs/default.toml [--set section.key=value ...]``
+``python -m hicache.engine [--config default|PATH] [--set section.key=value ...]``
+
+The store (lmdb, file) goes to ``storage.path``, or when that is empty to
+``$XDG_CACHE_HOME/hicache/store/<model>`` (else ``~/.cache/hicache/...``);
+a second run says when it reuses what an earlier one stored.
 
 Between turns the cache is pushed down a tier in turn (``--evict cycle``):
 turn 2 finds the history on device, turn 3 in host memory, turn 4 in storage.
@@ -9,16 +13,17 @@ turn 2 finds the history on device, turn 3 in host memory, turn 4 in storage.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import random
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
 from hicache.cache import HiRadixCache
-from hicache.config import CacheConfig, parse_override
+from hicache.cli_common import add_config_flags, load_config, port_in_use
+from hicache.config import CacheConfig
 from hicache.engine.model import ModelSpec, TinyLlama
 from hicache.engine.request import Request, RequestOutput
 from hicache.engine.scheduler import Engine, EngineOptions
@@ -29,8 +34,7 @@ EVICTIONS = ("none", "host", "storage", "cycle")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hicache.engine", description=__doc__)
-    p.add_argument("--config", type=Path, default=Path("configs/default.toml"))
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="S.K=V")
+    add_config_flags(p)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--turn-tokens", type=int, default=256, help="new user tokens per turn")
     p.add_argument("--max-new-tokens", type=int, default=8)
@@ -44,15 +48,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_engine(config: CacheConfig, args: argparse.Namespace) -> Engine:
-    if config.storage.backend in ("lmdb", "file"):
-        # The store creates its directory but, to catch typos, not its parents;
-        # the default ``.hicache/store`` lives under the working directory.
-        Path(config.storage.path).parent.mkdir(parents=True, exist_ok=True)
     cache = HiRadixCache(config)
+    say_where_the_store_is(cache)
     device = cache.device_pool.device
     spec = ModelSpec.for_cache(config.model, args.hidden, args.vocab, device, args.seed)
     options = EngineOptions(chunk_size=args.chunk_size)
     return Engine(TinyLlama(spec, device), cache, options)
+
+
+def say_where_the_store_is(cache: HiRadixCache) -> None:
+    """Name the store directory, and say so when an earlier run filled it."""
+    storage = cache.config.storage
+    if cache.storage is None or storage.backend not in ("lmdb", "file"):
+        return
+    where = dataclasses.replace(storage, fingerprint=cache.fingerprint.hex()).store_dir()
+    pages = cache.storage.backend.stats().entries
+    if pages:
+        print(f"reusing the store at {where}: {pages:,} pages from an earlier run")
+    else:
+        print(f"new store at {where}")
 
 
 def push_down(cache: HiRadixCache, turn: int, mode: str) -> None:
@@ -88,13 +102,23 @@ def report(turn: int, prompt_len: int, out: RequestOutput) -> None:
     print(f"{turn:>4} {prompt_len:>7} {h.device:>7} {h.host:>7} {h.storage:>8} {ms:>9.1f}")
 
 
+def _start(config: CacheConfig, args: argparse.Namespace) -> Engine:
+    """``make_engine``, with a taken metrics port named as such."""
+    try:
+        return make_engine(config, args)
+    except OSError as e:
+        message = port_in_use(e, config)
+        if message is None:
+            raise
+        raise ValueError(message) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
     try:
-        overrides = dict(parse_override(text) for text in args.overrides)
-        config = CacheConfig.from_toml(args.config, overrides)
-        engine = make_engine(config, args)
+        config = load_config(args)
+        engine = _start(config, args)
     except (ValueError, OSError, StorageError) as e:
         print(f"hicache.engine: {e}", file=sys.stderr)
         return 2

@@ -3,7 +3,12 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+import hicache
+from hicache.bench import tiering
 from hicache.bench.workloads import (
     FewShotSpec,
     LongDocSpec,
@@ -47,24 +52,17 @@ def test_workloads_are_seeded_and_share_prefixes() -> None:
     assert len(shots) == 4
 
 
-def test_tiering_bench_reports_every_tier(tmp_path: Path) -> None:
+def _tiering(tmp_path: Path, out: str, *extra: str) -> dict[str, Any]:
     cfg = tmp_path / "small.toml"
     cfg.write_text(SMALL)
-    out = tmp_path / "out"
-    argv = [
-        "bench",
-        "tiering",
-        "--config",
-        str(cfg),
-        "--clients",
-        "8",
-        "--rounds",
-        "3",
-        "--out",
-        str(out),
-    ]
-    assert main(argv) == 0
-    report = json.loads((out / "tiering.json").read_text())
+    argv = ["bench", "tiering", "--config", str(cfg), "--clients", "8", "--rounds", "3"]
+    assert main([*argv, "--out", str(tmp_path / out), *extra]) == 0
+    report: dict[str, Any] = json.loads((tmp_path / out / "tiering.json").read_text())
+    return report
+
+
+def test_tiering_bench_reports_every_tier(tmp_path: Path) -> None:
+    report = _tiering(tmp_path, "out")
     names = [c["name"] for c in report["configs"]]
     assert names == ["no cache", "device", "device+host", "device+host+storage"]
     by = {c["name"]: c for c in report["configs"]}
@@ -72,7 +70,50 @@ def test_tiering_bench_reports_every_tier(tmp_path: Path) -> None:
     assert by["device+host+storage"]["hit_rate"] >= by["device"]["hit_rate"]
     assert by["device+host+storage"]["hit_rate_by_tier"]["storage"] > 0
     assert by["device+host"]["bytes_moved"]["d2h"] > 0
-    assert (out / "tiering.png").stat().st_size > 0
+    assert (tmp_path / "out" / "tiering.png").stat().st_size > 0
+    assert report["seed"] == 0 and report["config"]["device"]["num_tokens"] == 4096
+    assert report["provenance"]["hicache_version"] == hicache.__version__
+    assert "git_commit" in report["provenance"]
+
+
+def _figures(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in c.items() if k != "cache_ms_per_request"} for c in report["configs"]]
+
+
+def test_tiering_bench_is_reproducible(tmp_path: Path) -> None:
+    first = _tiering(tmp_path, "a", "--seed", "3")
+    second = _tiering(tmp_path, "b", "--seed", "3")
+    assert _figures(first) == _figures(second)
+    other = _tiering(tmp_path, "c", "--seed", "4")
+    assert _figures(other) != _figures(first)  # the seed does change the trace
+
+
+@pytest.mark.parametrize("backend", ["memory", "file"])
+def test_tiering_bench_uses_the_configured_backend(tmp_path: Path, backend: str) -> None:
+    report = _tiering(tmp_path, "out", "--set", f"storage.backend={backend}")
+    assert report["config"]["storage"]["backend"] == backend
+    full = report["configs"][-1]
+    assert full["hit_rate_by_tier"]["storage"] > 0
+
+
+def test_tiering_bench_on_a_device_only_config(tmp_path: Path) -> None:
+    argv = ["--set", "host.enabled=false", "--set", "storage.backend=none"]
+    report = _tiering(tmp_path, "out", *argv)
+    assert report["configs"][-1]["hit_rate_by_tier"]["storage"] > 0
+
+
+def test_tiering_gain_is_none_against_a_zero_base(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Four long documents asked in shuffled order: each evicts the last from
+    # the device before it is asked again, so the device tier alone never hits.
+    argv = ["--workload", "longdoc", "--clients", "4", "--set", "device.num_tokens=16384"]
+    report = _tiering(tmp_path, "out", *argv)
+    assert report["configs"][1]["hit_rate"] == 0
+    assert report["configs"][-1]["hit_rate"] > 0
+    assert report["gain_vs_device"] is None
+    assert "n/a" in capsys.readouterr().out
+    assert tiering.ratio(0.5, 0.0) is None and tiering.ratio(0.5, 0.25) == 2.0
 
 
 def test_tree_bench_json(tmp_path: Path) -> None:
@@ -101,3 +142,11 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, capsys: object) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text("[device]\npage_size = -1\n")
     assert main(["bench", "tree", "--config", str(cfg)]) == 2
+
+
+@pytest.mark.parametrize("name", ["default", "device-only"])
+def test_shipped_configs_run_the_main_job(tmp_path: Path, name: str) -> None:
+    argv = ["bench", "tiering", "--config", name, "--clients", "2", "--rounds", "2"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "tiering.json").read_text())
+    assert report["configs"][-1]["hit_rate"] > 0

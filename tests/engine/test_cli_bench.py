@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import socket
 from pathlib import Path
 from types import MappingProxyType
 
@@ -85,3 +86,38 @@ def test_engine_bench_round_hits_the_intended_tier(tmp_path: Path) -> None:
         "host": (0, 128, 0),
         "storage": (0, 0, 128),
     }
+
+
+def test_cli_store_goes_to_the_user_cache_and_is_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    xdg = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    argv = ["--turns", "2", "--turn-tokens", "40", "--hidden", "64", "--vocab", "128"]
+    for key, value in SMALL.items():
+        argv += ["--set", f"{key}={value}"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    stores = list((xdg / "hicache" / "store").iterdir())
+    assert len(stores) == 1 and f"new store at {stores[0]}" in first
+    assert list(work.iterdir()) == []  # nothing in the working directory
+    assert main(argv) == 0
+    assert f"reusing the store at {stores[0]}" in capsys.readouterr().out
+
+
+def test_cli_names_a_metrics_port_in_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = ["--set", f"metrics.port={port}", "--set", f"storage.path={tmp_path / 's'}"]
+        for key, value in SMALL.items():
+            argv += ["--set", f"{key}={value}"]
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"metrics.port {port}" in err and "in use" in err

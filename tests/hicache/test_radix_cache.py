@@ -3,7 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from device_pool import SlotError
 from hicache.cache import CacheError
+from hicache.eviction import EVICTION_POLICIES
 from tests.hicache.helpers import device_only, run_request
 
 
@@ -145,6 +147,56 @@ def test_eviction_lfu_order(page_size: int) -> None:
     cache.check_integrity()
 
 
+def test_eviction_fifo_order(page_size: int) -> None:
+    cache = device_only(page_size, eviction="fifo")
+    seqs = [[i * 1000 + j for j in range(page_size)] for i in range(1, 4)]
+    for s in seqs:
+        run_request(cache, s)
+    for _ in range(3):
+        cache.match_prefix(seqs[0])  # use does not save the first inserted
+    cache.evict(1)
+    assert cache.match_prefix(seqs[0]).device_hit_length == 0
+    assert cache.match_prefix(seqs[1]).device_hit_length == page_size
+    cache.evict(1)
+    assert cache.match_prefix(seqs[1]).device_hit_length == 0
+    assert cache.match_prefix(seqs[2]).device_hit_length == page_size
+    cache.check_integrity()
+
+
+def test_eviction_priority_order(page_size: int) -> None:
+    cache = device_only(page_size, eviction="priority")
+    seqs = [[i * 1000 + j for j in range(page_size)] for i in range(1, 4)]
+    for s, priority in zip(seqs, (2, 0, 1), strict=True):
+        run_request(cache, s, priority=priority)
+    cache.match_prefix(seqs[1])  # recent use does not outrank priority
+    cache.evict(1)
+    assert cache.match_prefix(seqs[1]).device_hit_length == 0
+    cache.evict(1)
+    assert cache.match_prefix(seqs[2]).device_hit_length == 0
+    assert cache.match_prefix(seqs[0]).device_hit_length == page_size
+    # A later request of higher priority raises a shared prefix's priority.
+    run_request(cache, seqs[1], priority=0)
+    run_request(cache, [*seqs[1], *range(50, 50 + page_size)], priority=3)
+    cache.evict(1)
+    assert cache.match_prefix(seqs[0]).device_hit_length == 0
+    cache.check_integrity()
+
+
+@pytest.mark.parametrize("eviction", sorted(EVICTION_POLICIES))
+def test_every_eviction_policy_spares_locked_prefixes(eviction: str) -> None:
+    cache = device_only(4, pages=8, eviction=eviction)
+    keep = list(range(8))
+    m_node = run_request(cache, keep, finish=False)  # locked, in use
+    for tag in range(1, 6):
+        run_request(cache, [tag * 100 + j for j in range(8)])  # forces eviction
+    assert cache.match_prefix(keep).device_hit_length == 8
+    res = cache.evict(10**6)
+    assert res.freed == res.deleted > 0
+    assert cache.evictable_size() == 0 and cache.device_tokens() == 8
+    cache.dec_lock_ref(m_node)
+    cache.check_integrity()
+
+
 def test_parent_joins_heap_after_children_go(page_size: int) -> None:
     cache = device_only(page_size)
     base = list(range(page_size))
@@ -206,3 +258,21 @@ def test_page_keys_cached_and_split_consistently() -> None:
     cache.match_prefix([0, 1, 2, 3, 4, 5, 6, 7, 99, 99, 99, 99])  # split after 2 pages
     upper = cache.match_prefix(tokens[:8]).last_device_node
     assert cache.node_page_keys(upper) + cache.node_page_keys(node) == whole
+
+
+def test_tree_owned_slots_cannot_be_freed_or_inserted_again() -> None:
+    cache = device_only(page_size=4)
+    a, b = list(range(16)), list(range(100, 116))
+    run_request(cache, a)
+    tree_slots = cache.match_prefix(a).device_indices
+    with pytest.raises(SlotError):
+        cache.free_device(tree_slots[:4])  # a tree page, not the request's
+    m = cache.match_prefix(b)
+    cache.inc_lock_ref(m.last_device_node)
+    with pytest.raises(SlotError):  # a's slots passed off as b's KV
+        cache.cache_finished_req(b, tree_slots, m.last_device_node)
+    cache.check_integrity()
+    cache.dec_lock_ref(m.last_device_node)
+    assert cache.match_prefix(a).device_hit_length == 16
+    assert cache.match_prefix(b).device_hit_length == 0
+    cache.check_integrity()

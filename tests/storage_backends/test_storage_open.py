@@ -48,9 +48,16 @@ def test_path_is_a_regular_file(tmp_path: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", PERSISTENT)
-def test_empty_path(name: str) -> None:
-    with pytest.raises(StorageOpenError, match="empty"):
-        create(name, StorageConfig())
+def test_empty_path_is_the_user_cache_dir(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    config = StorageConfig(backend=name, fingerprint="ab" * 32)
+    assert config.store_dir() == tmp_path / "xdg" / "hicache" / "store" / ("ab" * 8)
+    create(name, config).close()
+    assert config.store_dir().is_dir()
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/dir")  # ignored, as the XDG spec asks
+    assert config.store_dir() == Path.home() / ".cache" / "hicache" / "store" / ("ab" * 8)
 
 
 def test_lmdb_garbage_data_file(tmp_path: Path) -> None:

@@ -1,0 +1,159 @@
+"""The README's configuration table, generated from the config dataclasses.
+
+``python -m hicache.config_doc`` prints it; ``--write README.md`` replaces the
+block between the README's markers. A test checks that the README holds what
+this module generates, so the table can never disagree with the code or with
+``configs/default.toml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import NamedTuple
+
+from hicache.config import CacheConfig, choice_fields
+
+BEGIN = "<!-- config-table:begin (generated: python -m hicache.config_doc --write README.md) -->"
+END = "<!-- config-table:end -->"
+
+MEANINGS: dict[str, str] = {
+    "model.model_id": "names the model; part of the page-key fingerprint",
+    "model.num_layers": "KV geometry: layers",
+    "model.kv_heads": "KV geometry: KV heads (MHA)",
+    "model.head_dim": "KV geometry: head dimension (MHA)",
+    "model.dtype": "`float32`, `float16` or `bfloat16`",
+    "model.attention": "`mha`, or `mla` (one latent buffer per layer)",
+    "model.kv_lora_rank": "MLA latent width",
+    "model.rope_dim": "MLA rotary part width",
+    "model.tp_rank": "tensor-parallel rank; part of the fingerprint",
+    "model.tp_size": "tensor-parallel size; part of the fingerprint",
+    "device.device": "`auto` (cuda if available, else cpu), `cpu`, `cuda[:N]`",
+    "device.page_size": "tokens per page, in every tier",
+    "device.num_tokens": "device pool size in tokens (wins over `size_gb`)",
+    "device.size_gb": "device pool size in GB, when `num_tokens` is 0",
+    "host.enabled": "the host tier (needed by storage)",
+    "host.ratio": "host pool size as a multiple of the device pool",
+    "host.size_gb": "host pool size in GB (wins over `ratio`)",
+    "host.layout": "`layer_first`, or `page_first` (a page contiguous across layers)",
+    "host.reserve_gb": "host memory left to the rest of the machine",
+    "storage.backend": "`none` (off), an entry-point name, `pkg.mod:Class`, or a built-in",
+    "storage.path": "store directory (lmdb, file); empty: the per-user cache directory",
+    "storage.max_bytes": "store capacity; least recently used pages go first",
+    "storage.map_size": "LMDB map size; 0: `max_bytes` plus headroom",
+    "storage.timeout_s": "bound on every wait for a storage operation",
+    "storage.max_page_bytes": "largest page a backend accepts",
+    "storage.fingerprint": "set by the cache (the model fingerprint); leave empty",
+    "storage.allow_fingerprint_mismatch": "open a store written for another model anyway",
+    "storage.sync": "flush each write batch to disk (LMDB sync, file fsync before rename)",
+    "storage.endpoint": "network store: `redis://host:port[,host:port…]`, `mooncake://host:port`",
+    "storage.key_prefix": "redis, mooncake: first part of every key (fleets sharing a store)",
+    "policy.eviction": "which unlocked device leaf goes first",
+    "policy.write_policy": "when device pages are backed up to host",
+    "policy.write_through_threshold": "hits before a selective backup",
+    "policy.load_back_threshold": "smallest host hit worth loading back (tokens)",
+    "policy.prefetch_threshold": "smallest storage hit worth prefetching (tokens)",
+    "policy.prefetch_policy": "how long a request waits for its storage prefetch",
+    "policy.prefetch_timeout_base_s": "`timeout` policy: fixed part of the budget",
+    "policy.prefetch_timeout_per_1k_s": "`timeout` policy: budget per 1k prefetched tokens",
+    "policy.io_workers": "storage I/O threads",
+    "transfer.backend": "`auto`, `cpu` (threads) or `cuda` (streams)",
+    "transfer.io_backend": "`direct`, or `kernel` (cupy gather/scatter, CUDA only)",
+    "transfer.workers": "CPU copy threads",
+    "events.endpoint": "ZeroMQ endpoint for KV events (`tcp://127.0.0.1:*`: any port); empty: off",
+    "events.topic": "topic frame of each published batch",
+    "events.format": "wire schema the router decodes: `vllm` or `sglang`",
+    "events.replay_endpoint": "ROUTER endpoint serving missed batches by sequence; empty: off",
+    "events.replay_buffer": "batches kept for replay",
+    "metrics.port": "Prometheus metrics over HTTP; 0: off",
+    "metrics.host": "address the metrics server binds",
+}
+
+
+class FieldDoc(NamedTuple):
+    key: str
+    unset: object  # the dataclass default: what a key left out of a file gets
+    shipped: object  # its value in configs/default.toml (``--config default``)
+    meaning: str
+
+
+def config_keys(cls: type = CacheConfig, prefix: str = "") -> Iterator[str]:
+    """Every ``section.key``, in declaration order."""
+    for f in dataclasses.fields(cls):
+        nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if isinstance(nested, type) and dataclasses.is_dataclass(nested):
+            yield from config_keys(nested, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}"
+
+
+def _value(config: CacheConfig, key: str) -> object:
+    section, _, name = key.partition(".")
+    return getattr(getattr(config, section), name)
+
+
+def field_docs() -> list[FieldDoc]:
+    shipped = resources.files("hicache") / "configs" / "default.toml"
+    default = CacheConfig.from_toml(Path(str(shipped)))
+    unset = CacheConfig()
+    return [FieldDoc(k, _value(unset, k), _value(default, k), _meaning(k)) for k in config_keys()]
+
+
+def _meaning(key: str) -> str:
+    """The key's meaning; registry-backed keys list the registry's names."""
+    meaning = MEANINGS.get(key, "")
+    names = choice_fields().get(key)
+    if names:
+        meaning += ": " + ", ".join(f"`{n}`" for n in names)
+    return meaning
+
+
+def _show(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+        return f"{value >> 20} MiB" if value < 1 << 30 else f"{value >> 30} GiB"
+    return str(value)
+
+
+def markdown_table() -> str:
+    rows = [
+        "| key | `--config default` | left out | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for d in field_docs():
+        shipped, unset = _show(d.shipped), _show(d.unset)
+        rows.append(
+            f"| `{d.key}` | {shipped} | {'same' if unset == shipped else unset} | {d.meaning} |"
+        )
+    return "\n".join(rows)
+
+
+def replace_block(text: str, table: str) -> str:
+    """``text`` with the block between the markers replaced by ``table``."""
+    head, sep, rest = text.partition(BEGIN)
+    _, sep2, tail = rest.partition(END)
+    if not sep or not sep2:
+        raise ValueError(f"markers {BEGIN!r} ... {END!r} not found")
+    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hicache.config_doc", description=__doc__)
+    parser.add_argument("--write", type=Path, help="replace the table in this Markdown file")
+    args = parser.parse_args(argv)
+    if args.write is None:
+        print(markdown_table())
+        return 0
+    args.write.write_text(replace_block(args.write.read_text(), markdown_table()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
