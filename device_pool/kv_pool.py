@@ -9,12 +9,18 @@ from device_pool.shape import KVShape
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """Turn ``"auto"`` into cuda when available, else cpu; checked at call time only."""
+    """Turn ``"auto"`` into cuda when available, else cpu; checked at call time only.
+
+    A CUDA device always comes back indexed (``cuda`` is the current device
+    now), so later calls on other threads or devices never re-resolve it.
+    """
     if isinstance(device, str) and device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but CUDA is not available")
+    if dev.type == "cuda" and dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
     return dev
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Literal, get_args
 
 import torch
 
 from device_pool.allocator import PagedAllocator
 from device_pool.shape import KVShape
-from host_pool.memory import allocate_host, check_host_memory
+from host_pool.memory import PinnedRegistration, allocate_host, check_host_memory, pinned_size
 from host_pool.pages import PageSink, byte_rows, whole_pages
 
 HostLayout = Literal["layer_first", "page_first"]
@@ -29,11 +30,17 @@ class HostKVPool:
     *token_shape]`` in C order, whatever the layout, so pages move between
     pools of either layout through storage unchanged.
 
+    Pinned pools are pageable memory registered with CUDA (exactly
+    ``pinned_nbytes``, see ``host_pool.memory``); ``close`` (or garbage
+    collection) unregisters it, after every engine copying through the pool
+    was closed.
+
     Mutation: ``write_layer``, ``PageSink.commit`` and page_first sink views
     write KV; ``allocator`` hands out slots. Not thread-safe for allocation
     (one owner thread); copy workers may read and write disjoint slots.
     Raises ``HostMemoryError`` at construction when the buffer would not fit
-    in available RAM minus ``reserve_bytes``; ValueError for bad arguments.
+    in available RAM minus ``reserve_bytes``; ValueError for bad arguments
+    (``pin_memory=True`` without CUDA); RuntimeError when CUDA cannot pin.
     """
 
     def __init__(
@@ -55,10 +62,15 @@ class HostKVPool:
         self._num_pages = num_tokens // page_size
         self._size = self._num_pages * page_size
         dims = self._tensor_shape()
+        nbytes = _numel(dims) * shape.element_size
+        if pin_memory and not torch.cuda.is_available():
+            raise ValueError("pin_memory=True needs CUDA, which is not available")
         # Checked before the allocator too: its free list is itself O(pages) memory.
-        check_host_memory(_numel(dims) * shape.element_size, reserve_bytes)
+        check_host_memory(pinned_size(nbytes) if pin_memory else nbytes, reserve_bytes)
         self.allocator = PagedAllocator(self._size, page_size)
-        self._data = allocate_host(dims, shape.dtype, pin_memory)
+        self._data = allocate_host(dims, shape.dtype, page_aligned=pin_memory)
+        self._pinned = PinnedRegistration(self._data, pin_memory)
+        self._finalizer = weakref.finalize(self, self._pinned.release)
 
     def _tensor_shape(self) -> tuple[int, ...]:
         s = self._shape
@@ -98,7 +110,19 @@ class HostKVPool:
 
     @property
     def is_pinned(self) -> bool:
-        return self._data.is_pinned()
+        return self._pinned.nbytes > 0
+
+    @property
+    def pinned_nbytes(self) -> int:
+        """Bytes of host memory this pool has page-locked (0 when pageable or closed)."""
+        return self._pinned.nbytes
+
+    def close(self) -> None:
+        """Unregister pinned memory (the pool stays usable, pageable); idempotent.
+
+        Copy engines and kernels that use this pool must be closed first.
+        """
+        self._finalizer()
 
     @property
     def data(self) -> torch.Tensor:

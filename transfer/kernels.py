@@ -9,6 +9,7 @@ at module import.
 from __future__ import annotations
 
 import importlib
+import threading
 from types import ModuleType
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 
 from device_pool.kv_pool import DeviceKVPool
 from host_pool.kv_pool import HostKVPool
+from host_pool.memory import register_host, unregister_host
 from transfer.plan import CopyPlan
 
 _SOURCE = r"""
@@ -42,7 +44,13 @@ extern "C" __global__ void hicache_copy_blocks(
 }
 """
 _THREADS = 256
-_HOST_REGISTER_PORTABLE_MAPPED = 0x01 | 0x02
+
+
+def indexed_device(device: torch.device) -> torch.device:
+    """``device`` with its index fixed (an index-less ``cuda`` is the current device now)."""
+    if device.type != "cuda" or device.index is not None:
+        return device
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def import_cupy() -> ModuleType:
@@ -59,19 +67,26 @@ def import_cupy() -> ModuleType:
 class BlockCopyKernel:
     """Launches block copies between a CUDA device pool and a (mapped) host pool.
 
-    Buffer ``j = layer * kv_per_layer + k``. Not thread-safe: one thread
-    launches. The host pool is registered with CUDA if it is not pinned
-    already; ``close`` unregisters it. Raises RuntimeError without cupy or
-    when host memory cannot be mapped.
+    Buffer ``j = layer * kv_per_layer + k``. Thread-safe: the kernel is
+    compiled at construction and launches are serialised by a lock, so the
+    engine's backup and load lanes may both launch. The host pool is
+    registered with CUDA if it is not pinned already; ``close`` unregisters
+    it. Everything device-specific (mapping, tables, compile) happens inside
+    the pool's device context. Raises RuntimeError without cupy or when host
+    memory cannot be mapped.
     """
 
     def __init__(self, device_pool: DeviceKVPool, host_pool: HostKVPool) -> None:
         self._cp = import_cupy()
-        index = device_pool.device.index
-        self._device = torch.device("cuda", torch.cuda.current_device() if index is None else index)
+        self._device = indexed_device(device_pool.device)
         self._kv = device_pool.shape.kv_per_layer
         self._host_data = host_pool.data
         self._registered = False
+        self._lock = threading.Lock()
+        with torch.cuda.device(self._device), self._cp.cuda.Device(self._device.index):
+            self._setup(device_pool, host_pool)
+
+    def _setup(self, device_pool: DeviceKVPool, host_pool: HostKVPool) -> None:
         self._host_base = self._map_host()
         layers = range(device_pool.shape.num_layers)
         dev_bufs = [b for layer in layers for b in device_pool.layer_buffers(layer)]
@@ -83,6 +98,12 @@ class BlockCopyKernel:
         self._page_stride = host_views[0].stride(0) * elem
         self._token_bytes = host_views[0][0, 0].numel() * elem
         self._kernel = self._cp.RawKernel(_SOURCE, "hicache_copy_blocks")
+        # Compiled now, not lazily at a first launch that two lanes could race to.
+        compile_now = getattr(self._kernel, "compile", None)
+        if compile_now is not None:
+            compile_now()
+        else:  # older cupy: reading the function object compiles it
+            _ = self._kernel.kernel
         # The tables were copied on the current stream; launches use another.
         torch.cuda.current_stream(self._device).synchronize()
 
@@ -93,8 +114,7 @@ class BlockCopyKernel:
         runtime = self._cp.cuda.runtime
         ptr = self._host_data.data_ptr()
         if not self._host_data.is_pinned():
-            nbytes = self._host_data.numel() * self._host_data.element_size()
-            runtime.hostRegister(ptr, nbytes, _HOST_REGISTER_PORTABLE_MAPPED)
+            register_host(self._host_data)
             self._registered = True
         dev_ptr = int(runtime.pointerGetAttributes(ptr).devicePointer)
         if dev_ptr == 0:
@@ -131,6 +151,7 @@ class BlockCopyKernel:
         )
         grid = (n, len(layers) * self._kv, 1)
         with (
+            self._lock,
             self._cp.cuda.Device(self._device.index),
             self._cp.cuda.ExternalStream(stream.cuda_stream),
         ):
@@ -139,5 +160,5 @@ class BlockCopyKernel:
     def close(self) -> None:
         """Unregister host memory this kernel registered (copies must be finished)."""
         if self._registered:
-            self._cp.cuda.runtime.hostUnregister(self._host_data.data_ptr())
+            unregister_host(self._host_data)
             self._registered = False

@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
                     results.append(_measure(setup, direction, args.repeat, gen))
             finally:
                 setup.engine.close()
+                setup.host.close()  # unpin now, before the next setup pins its pool
     _print_table(results, shape, device)
     if args.json is not None:
         args.json.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")

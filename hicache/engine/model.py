@@ -12,6 +12,7 @@ from device_pool import DeviceKVPool, dtype_from_name
 from hicache.config import ModelConfig
 from hicache.engine.attention import causal_attention
 from hicache.engine.invariant import pad_rows, silu
+from hicache.engine.mla import MlaWeights, expand
 
 WaitLayer = Callable[[int], None]
 
@@ -22,7 +23,12 @@ class ModelSpec:
     ``head_dim`` and ``dtype`` (the KV dtype) must match the KV pool the model
     runs on. Weights and activations use ``compute_dtype`` (default: ``dtype``);
     on CPUs without half-precision GEMM, float32 compute with a float16 KV
-    cache is orders of magnitude faster."""
+    cache is orders of magnitude faster.
+
+    ``attention="mla"`` makes a DeepSeek-style latent-attention model (see
+    ``hicache.engine.mla``): the pool keeps ``kv_lora_rank + rope_dim`` values
+    per token and layer, ``head_dim`` is each head's non-rotary query/key and
+    value width, and ``kv_heads`` is unused (set it to 1)."""
 
     num_layers: int = 2
     num_heads: int = 4
@@ -38,8 +44,17 @@ class ModelSpec:
     max_positions: int = 8192
     attention_block: int = 64  # keys per online-softmax step
     compute_dtype: str | None = None
+    attention: str = "mha"
+    kv_lora_rank: int = 0
+    rope_dim: int = 0
 
     def __post_init__(self) -> None:
+        if self.attention not in ("mha", "mla"):
+            raise ValueError(f"attention must be 'mha' or 'mla', got {self.attention!r}")
+        if self.attention == "mla" and (self.kv_lora_rank < 1 or self.rope_dim < 2):
+            raise ValueError("MLA needs kv_lora_rank >= 1 and rope_dim >= 2")
+        if self.rope_dim % 2:
+            raise ValueError("rope_dim must be even (rotary embeddings)")
         dtype_from_name(self.dtype)
         dtype_from_name(self.compute_dtype or self.dtype)
         positive = (self.num_layers, self.num_heads, self.kv_heads, self.head_dim, self.hidden)
@@ -59,14 +74,14 @@ class ModelSpec:
         """A spec whose KV geometry is the cache's ``[model]`` section: as many
         query heads as ``hidden`` holds (a multiple of ``kv_heads``), an MLP twice
         as wide, and float32 compute for a half-precision KV cache on CPU."""
-        if model.attention != "mha":
-            raise ValueError("the engine's model is MHA only")
-        heads = max(hidden // model.head_dim // model.kv_heads, 1) * model.kv_heads
+        mla = model.attention == "mla"
+        kv_heads = 1 if mla else model.kv_heads
+        heads = max(hidden // model.head_dim // kv_heads, 1) * kv_heads
         half_on_cpu = device.type == "cpu" and model.dtype != "float32"
         return cls(
             num_layers=model.num_layers,
             num_heads=heads,
-            kv_heads=model.kv_heads,
+            kv_heads=kv_heads,
             head_dim=model.head_dim,
             hidden=hidden,
             intermediate=hidden * 2,
@@ -74,14 +89,27 @@ class ModelSpec:
             dtype=model.dtype,
             seed=seed,
             compute_dtype="float32" if half_on_cpu else None,
+            attention=model.attention,
+            kv_lora_rank=model.kv_lora_rank if mla else 0,
+            rope_dim=model.rope_dim if mla else 0,
         )
+
+    @property
+    def rotary_dim(self) -> int:
+        """Width of the rotated part of a query/key head."""
+        return self.rope_dim if self.attention == "mla" else self.head_dim
 
     def check_pool(self, pool: DeviceKVPool) -> None:
         """ValueError unless ``pool`` stores this model's KV."""
         shape = pool.shape
-        ours = (self.num_layers, self.kv_heads, self.head_dim, dtype_from_name(self.dtype))
-        theirs = (shape.num_layers, shape.kv_heads, shape.head_dim, shape.dtype)
-        if shape.attention != "mha" or ours != theirs:
+        dtype = dtype_from_name(self.dtype)
+        if self.attention == "mla":
+            ours = (self.num_layers, self.kv_lora_rank, self.rope_dim, dtype)
+            theirs = (shape.num_layers, shape.kv_lora_rank, shape.rope_dim, shape.dtype)
+        else:
+            ours = (self.num_layers, self.kv_heads, self.head_dim, dtype)
+            theirs = (shape.num_layers, shape.kv_heads, shape.head_dim, shape.dtype)
+        if shape.attention != self.attention or ours != theirs:
             raise ValueError(f"KV pool {shape} does not fit model {self}")
 
 
@@ -97,10 +125,13 @@ class Segment(NamedTuple):
 
 
 class _Batch(NamedTuple):
-    """What every layer of one forward pass needs besides its weights."""
+    """What every layer of one forward pass needs besides its weights. Every
+    tensor is on the model's device, uploaded once per pass: indexing device
+    buffers with CPU slots would sync the host with the GPU in every layer."""
 
     segments: tuple[Segment, ...]
     new_slots: torch.Tensor  # where the new tokens' KV goes, segment after segment
+    contexts: tuple[torch.Tensor, ...]  # each segment's context slots
     cos: torch.Tensor  # rotary tables at the new tokens' positions, [rows, 1, head_dim / 2]
     sin: torch.Tensor
     pool: DeviceKVPool
@@ -110,7 +141,8 @@ class _Batch(NamedTuple):
 @dataclass(frozen=True)
 class _Layer:
     attn_norm: torch.Tensor
-    wqkv: torch.Tensor  # [hidden, (heads + 2 * kv_heads) * head_dim]
+    wqkv: torch.Tensor | None  # MHA: [hidden, (heads + 2 * kv_heads) * head_dim]
+    mla: MlaWeights | None  # MLA: latent attention weights
     wo: torch.Tensor
     mlp_norm: torch.Tensor
     w_gate_up: torch.Tensor  # [hidden, 2 * intermediate]
@@ -131,7 +163,8 @@ class TinyLlama:
         self._layers = tuple(self._layer(gen) for _ in range(spec.num_layers))
         self._final_norm = self._norm(gen)
         self._lm_head = self._weight(gen, (spec.hidden, spec.vocab), spec.hidden**-0.5)
-        half = torch.arange(0, spec.head_dim, 2, dtype=torch.float64) / spec.head_dim
+        rot = spec.rotary_dim
+        half = torch.arange(0, rot, 2, dtype=torch.float64) / rot
         angles = torch.outer(
             torch.arange(spec.max_positions, dtype=torch.float64), spec.rope_theta**-half
         )
@@ -148,16 +181,34 @@ class TinyLlama:
 
     def _layer(self, gen: torch.Generator) -> _Layer:
         s = self.spec
-        qkv = (s.num_heads + 2 * s.kv_heads) * s.head_dim
+        attn_norm = self._norm(gen)
+        wqkv, mla = None, None
+        if s.attention == "mla":
+            mla = self._mla_weights(gen)
+        else:
+            qkv = (s.num_heads + 2 * s.kv_heads) * s.head_dim
+            wqkv = self._weight(gen, (s.hidden, qkv), s.hidden**-0.5)
         return _Layer(
-            attn_norm=self._norm(gen),
-            wqkv=self._weight(gen, (s.hidden, qkv), s.hidden**-0.5),
+            attn_norm=attn_norm,
+            wqkv=wqkv,
+            mla=mla,
             wo=self._weight(
                 gen, (s.num_heads * s.head_dim, s.hidden), (s.num_heads * s.head_dim) ** -0.5
             ),
             mlp_norm=self._norm(gen),
             w_gate_up=self._weight(gen, (s.hidden, 2 * s.intermediate), s.hidden**-0.5),
             w_down=self._weight(gen, (s.intermediate, s.hidden), s.intermediate**-0.5),
+        )
+
+    def _mla_weights(self, gen: torch.Generator) -> MlaWeights:
+        s = self.spec
+        rank, heads = s.kv_lora_rank, s.num_heads
+        return MlaWeights(
+            wq=self._weight(gen, (s.hidden, heads * (s.head_dim + s.rope_dim)), s.hidden**-0.5),
+            wkv_a=self._weight(gen, (s.hidden, rank + s.rope_dim), s.hidden**-0.5),
+            kv_norm=(1.0 + 0.1 * torch.randn(rank, generator=gen)).to(self.device, self.dtype),
+            w_uk=self._weight(gen, (rank, heads * s.head_dim), rank**-0.5),
+            w_uv=self._weight(gen, (rank, heads * s.head_dim), rank**-0.5),
         )
 
     @torch.inference_mode()
@@ -168,17 +219,18 @@ class TinyLlama:
         (layer by layer, at the segment's last slots) and return the float32
         logits of each segment's last token, ``[len(segments), vocab]``.
         ``wait_layer(i)`` is called before layer i reads KV from the pool."""
-        batch = self._batch(segments, pool, wait_layer)
-        ids = torch.cat([s.tokens for s in segments]).to(self.device)
+        ids, ends, batch = self._batch(segments, pool, wait_layer)
         x = pad_rows(self._embed[ids])
         for i, layer in enumerate(self._layers):
             x = self._layer_forward(i, layer, x, batch)
-        ends = torch.tensor([len(s.tokens) for s in segments]).cumsum(0) - 1
-        last = pad_rows(x[ends.to(self.device)])
+        last = pad_rows(x[ends])
         logits = self._rms_norm(last, self._final_norm) @ self._lm_head
         return logits[: len(segments)].float()
 
-    def _batch(self, segments: Sequence[Segment], pool: DeviceKVPool, wait: WaitLayer) -> _Batch:
+    def _batch(
+        self, segments: Sequence[Segment], pool: DeviceKVPool, wait: WaitLayer
+    ) -> tuple[torch.Tensor, torch.Tensor, _Batch]:
+        """Token ids, last-row indices and the per-pass state, all on the device."""
         if not segments:
             raise ValueError("forward needs at least one segment")
         for seg in segments:
@@ -187,37 +239,85 @@ class TinyLlama:
         if max(s.start + len(s.tokens) for s in segments) > self.spec.max_positions:
             raise ValueError(f"position beyond max_positions={self.spec.max_positions}")
         positions = torch.cat([torch.arange(s.start, s.start + len(s.tokens)) for s in segments])
-        pos = pad_rows(positions.to(self.device))  # padding rows sit at position 0
-        new_slots = torch.cat([s.slots[s.start :] for s in segments])
+        ends = torch.tensor([len(s.tokens) for s in segments]).cumsum(0) - 1
+        parts = [
+            torch.cat([s.tokens for s in segments]),
+            positions,
+            ends,
+            *(s.slots[s.start :] for s in segments),
+            *(s.slots for s in segments),
+        ]
+        ids, positions, ends, *slots = self._upload(parts)
+        new_slots = torch.cat(slots[: len(segments)])
+        pos = pad_rows(positions)  # padding rows sit at position 0
         cos, sin = self._cos[pos][:, None, :], self._sin[pos][:, None, :]
-        return _Batch(tuple(segments), new_slots, cos, sin, pool, wait)
+        state = _Batch(
+            tuple(segments), new_slots, tuple(slots[len(segments) :]), cos, sin, pool, wait
+        )
+        return ids, ends, state
+
+    def _upload(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """int64 ``parts`` on the model's device, in one copy (from pinned
+        memory on CUDA, so that the host does not wait for the GPU)."""
+        flat = torch.cat([p.to(torch.int64).reshape(-1) for p in parts])
+        if self.device.type == "cuda":
+            flat = flat.pin_memory().to(self.device, non_blocking=True)
+        else:
+            flat = flat.to(self.device)
+        return list(flat.split([p.numel() for p in parts]))
 
     def _layer_forward(self, index: int, layer: _Layer, x: torch.Tensor, b: _Batch) -> torch.Tensor:
-        s = self.spec
-        n = len(b.new_slots)
-        qkv = self._rms_norm(x, layer.attn_norm) @ layer.wqkv
-        q, k, v = qkv.split([s.num_heads * s.head_dim, *[s.kv_heads * s.head_dim] * 2], dim=1)
-        q = _rotate(q.reshape(-1, s.num_heads, s.head_dim), b.cos, b.sin).to(self.dtype)
-        k = _rotate(k.reshape(-1, s.kv_heads, s.head_dim), b.cos, b.sin)
-        b.pool.set_kv(index, b.new_slots, k[:n], v.reshape(-1, s.kv_heads, s.head_dim)[:n])
-        b.wait_layer(index)
-        attn = self._attend(index, q, b.segments, b.pool)
+        h = self._rms_norm(x, layer.attn_norm)
+        if layer.mla is not None:
+            attn = self._mla_attention(index, layer.mla, h, b)
+        else:
+            assert layer.wqkv is not None
+            attn = self._mha_attention(index, layer.wqkv, h, b)
         x = x + attn @ layer.wo
         gate, up = (self._rms_norm(x, layer.mlp_norm) @ layer.w_gate_up).chunk(2, dim=1)
         return x + (silu(gate) * up) @ layer.w_down
 
-    def _attend(
-        self, index: int, q: torch.Tensor, segments: Sequence[Segment], pool: DeviceKVPool
+    def _mha_attention(
+        self, index: int, wqkv: torch.Tensor, h: torch.Tensor, b: _Batch
     ) -> torch.Tensor:
-        """Paged attention: each segment gathers its context's K/V by slot."""
-        k_buf, v_buf = pool.layer_buffers(index)
+        s = self.spec
+        n = len(b.new_slots)
+        q, k, v = (h @ wqkv).split(
+            [s.num_heads * s.head_dim, *[s.kv_heads * s.head_dim] * 2], dim=1
+        )
+        q = _rotate(q.reshape(-1, s.num_heads, s.head_dim), b.cos, b.sin).to(self.dtype)
+        k = _rotate(k.reshape(-1, s.kv_heads, s.head_dim), b.cos, b.sin)
+        b.pool.set_kv(index, b.new_slots, k[:n], v.reshape(-1, s.kv_heads, s.head_dim)[:n])
+        b.wait_layer(index)
+        k_buf, v_buf = b.pool.layer_buffers(index)
+        return self._attend(q, b, lambda ctx: (k_buf[ctx], v_buf[ctx]))
+
+    def _mla_attention(self, index: int, w: MlaWeights, h: torch.Tensor, b: _Batch) -> torch.Tensor:
+        s = self.spec
+        n, rank = len(b.new_slots), s.kv_lora_rank
+        q = (h @ w.wq).reshape(-1, s.num_heads, s.head_dim + s.rope_dim)
+        q_nope, q_pe = q.split([s.head_dim, s.rope_dim], dim=-1)
+        q = torch.cat([q_nope.float(), _rotate(q_pe, b.cos, b.sin)], dim=-1).to(self.dtype)
+        c_kv, k_pe = (h @ w.wkv_a).split([rank, s.rope_dim], dim=1)
+        c_kv = self._rms_norm(c_kv, w.kv_norm).float()
+        k_pe = _rotate(k_pe[:, None, :], b.cos, b.sin)[:, 0]
+        b.pool.set_kv(index, b.new_slots, torch.cat([c_kv, k_pe], dim=1)[:n, None, :])
+        b.wait_layer(index)
+        (latent,) = b.pool.layer_buffers(index)
+        return self._attend(q, b, lambda ctx: expand(latent[ctx], w, s.num_heads, s.head_dim, rank))
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        b: _Batch,
+        kv_of: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Paged attention: each segment gathers its context's K/V by (device) slot."""
         outs, row = [], 0
-        for seg in segments:
+        for seg, ctx in zip(b.segments, b.contexts, strict=True):
             n = len(seg.tokens)
-            ctx = seg.slots.to(k_buf.device)
-            out = causal_attention(
-                q[row : row + n], k_buf[ctx], v_buf[ctx], seg.start, self.spec.attention_block
-            )
+            k, v = kv_of(ctx)
+            out = causal_attention(q[row : row + n], k, v, seg.start, self.spec.attention_block)
             outs.append(out.reshape(n, -1))
             row += n
         return pad_rows(torch.cat(outs).to(self.dtype))

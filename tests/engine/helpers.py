@@ -7,6 +7,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from hicache.cache import HiRadixCache
@@ -24,6 +25,11 @@ SPEC = ModelSpec(
     vocab=256,
     attention_block=16,
 )
+# The same model with DeepSeek-style latent attention (one latent per token and layer).
+MLA = dataclasses.replace(
+    SPEC, attention="mla", kv_heads=1, head_dim=16, kv_lora_rank=24, rope_dim=8
+)
+SPECS = [pytest.param(SPEC, id="mha"), pytest.param(MLA, id="mla")]
 
 
 def config(
@@ -33,8 +39,11 @@ def config(
     store: Path | None = None,
     prefetch_policy: str = "wait_complete",
     spec: ModelSpec = SPEC,
+    device: str = "cpu",
+    layout: str = "layer_first",
 ) -> CacheConfig:
-    """A cache for ``spec`` on CPU; host tier (ratio 4) and LMDB storage on request."""
+    """A cache for ``spec`` on ``device``; host tier (ratio 4, ``layout``) and
+    LMDB storage on request."""
     storage = StorageConfig()
     if store is not None:
         storage = StorageConfig(backend="lmdb", path=str(store), max_bytes=64 << 20, sync=False)
@@ -44,9 +53,14 @@ def config(
             kv_heads=spec.kv_heads,
             head_dim=spec.head_dim,
             dtype=spec.dtype,
+            attention=spec.attention,
+            kv_lora_rank=spec.kv_lora_rank,
+            rope_dim=spec.rope_dim,
         ),
-        device=DeviceConfig(device="cpu", page_size=page_size, num_tokens=device_tokens),
-        host=HostConfig(enabled=host or store is not None, ratio=4.0, reserve_gb=0.0),
+        device=DeviceConfig(device=device, page_size=page_size, num_tokens=device_tokens),
+        host=HostConfig(
+            enabled=host or store is not None, ratio=4.0, reserve_gb=0.0, layout=layout
+        ),
         policy=PolicyConfig(
             load_back_threshold=1, prefetch_threshold=1, prefetch_policy=prefetch_policy
         ),
@@ -58,12 +72,15 @@ def engine(
     cfg: CacheConfig, use_cache: bool = True, chunk_size: int = 64, spec: ModelSpec = SPEC
 ) -> Engine:
     options = EngineOptions(use_cache=use_cache, chunk_size=chunk_size)
-    return Engine(TinyLlama(spec), HiRadixCache(cfg), options)
+    cache = HiRadixCache(cfg)
+    return Engine(TinyLlama(spec, cache.device_pool.device), cache, options)
 
 
-def reference(page_size: int = 1, chunk_size: int = 64, spec: ModelSpec = SPEC) -> Engine:
+def reference(
+    page_size: int = 1, chunk_size: int = 64, spec: ModelSpec = SPEC, device: str = "cpu"
+) -> Engine:
     """The same model with caching disabled and a roomy device-only pool."""
-    cfg = dataclasses.replace(config(page_size, 4096, spec=spec))
+    cfg = config(page_size, 4096, spec=spec, device=device)
     return engine(cfg, use_cache=False, chunk_size=chunk_size, spec=spec)
 
 

@@ -57,35 +57,61 @@ def test_engine_bench_reuses_each_tier_and_writes_json(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     sizes = ["--prefix-tokens", "128", "--suffix-tokens", "8", "--hidden", "64", "--vocab", "256"]
-    out = ["--repeat", "1", "--dir", str(tmp_path), "--json", str(tmp_path / "out.json")]
+    out = ["--repeat", "2", "--dir", str(tmp_path), "--json", str(tmp_path / "out.json")]
     args = parser.parse_args([*sizes, *out])
     args.config = CacheConfig.from_toml(DEFAULT, SMALL)
     assert bench.run(args) == 0
     doc = json.loads((tmp_path / "out.json").read_text())
-    assert set(doc["ttft_ms"]) == {"recompute", "device", "host", "storage"}
-    assert all(v > 0 for v in doc["ttft_ms"].values())
+    assert doc["rounds"] == 2
+    assert set(doc["ttft_ms"]) == set(bench.CASES)
+    assert all(0 < v["p50"] <= v["p90"] for v in doc["ttft_ms"].values())
+    assert doc["suffix_compute_ms"] == doc["ttft_ms"]["device"]
+    assert set(doc["tier_cost_ms"]) == {"host", "storage", "storage_cold"}
+    assert set(doc["probe_ms_per_1k_tokens"]) == {"load_back", "prefetch", "prefetch_cold"}
+    assert all(v["p50"] > 0 for v in doc["probe_ms_per_1k_tokens"].values())
+    cold = doc["cold_store"]
+    assert cold["drops"] == 4 and cold["store_bytes"] > 0
+    assert isinstance(cold["page_cache_dropped"], bool)
+    assert doc["hits_last_round"]["storage_cold"] == [0, 0, 128]
     assert doc["speedup_host"] > 0 and doc["speedup_storage"] > 0
     assert not list(tmp_path.glob("hicache-bench-*")), "the scratch store was not removed"
 
 
-def test_engine_bench_round_hits_the_intended_tier(tmp_path: Path) -> None:
+def test_engine_bench_mla_variant(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    argv = ["--prefix-tokens", "64", "--suffix-tokens", "8", "--hidden", "64", "--vocab", "256"]
+    argv += ["--attention", "mla", "--kv-lora-rank", "32", "--rope-dim", "8", "--repeat", "1"]
+    args = parser.parse_args([*argv, "--dir", str(tmp_path), "--json", str(tmp_path / "o.json")])
+    args.config = CacheConfig.from_toml(DEFAULT, SMALL)
+    assert bench.run(args) == 0
+    doc = json.loads((tmp_path / "o.json").read_text())
+    assert doc["hits_last_round"]["host"] == [0, 64, 0]
+
+
+def test_engine_bench_round_hits_the_intended_tier_and_times_probes(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     args = parser.parse_args(["--prefix-tokens", "128", "--suffix-tokens", "8"])
     args.hidden, args.vocab = 64, 256
     config = bench.bench_config(CacheConfig.from_toml(DEFAULT, SMALL), tmp_path / "s", 1024)
-    engine = bench.build_engine(config, args)
+    runner = bench.Runner(config, args)
     try:
-        samples = bench.one_round(engine, args, random.Random(0))
+        result = runner.round(random.Random(0))
+        runner.engine.cache.check_integrity()
     finally:
-        engine.cache.close()
-    hits = {s.case: (s.hits.device, s.hits.host, s.hits.storage) for s in samples}
+        runner.close()
+    assert [p.kind for p in result.probes] == list(bench.PROBES)
+    assert all(p.tokens == 128 and p.ms > 0 for p in result.probes)
+    hits = {s.case: (s.hits.device, s.hits.host, s.hits.storage) for s in result.samples}
     assert hits == {
         "recompute": (0, 0, 0),
         "device": (128, 0, 0),
         "host": (0, 128, 0),
         "storage": (0, 0, 128),
+        "storage_cold": (0, 0, 128),
     }
+    assert len(result.drops) == 2 and all(d.files >= 1 for d in result.drops)
 
 
 def test_cli_store_goes_to_the_user_cache_and_is_reused(

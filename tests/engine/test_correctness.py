@@ -1,5 +1,8 @@
 """With the cache, greedy outputs and final logits equal a full recompute, bit for bit.
 
+Both models: MHA, and MLA whose pools keep one latent per token and layer
+(tests/engine/test_mla.py has the MLA-specific checks).
+
 Every reuse path is exercised: device hits, host load-backs, storage prefetches
 (and a restarted engine reading the same store). Chunked prefill runs with a
 different chunk size than the reference: the model is batch-invariant (see
@@ -13,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from hicache.engine import Request
+from hicache.engine import ModelSpec, Request
 from hicache.prefetch_policy import PREFETCH_POLICIES
 from tests.engine.helpers import (
+    SPECS,
     assert_clean,
     assert_same,
     chat,
@@ -44,40 +48,44 @@ def shared_prompt_requests(seed: int, count: int = 6) -> list[Request]:
     ]
 
 
+@pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_chat_device_hits(page_size: int) -> None:
+def test_chat_device_hits(page_size: int, spec: ModelSpec) -> None:
     turns = user_turns(1)
-    want = chat(reference(chunk_size=1000), turns)
-    eng = engine(config(page_size, 1024), chunk_size=24)
+    want = chat(reference(chunk_size=1000, spec=spec), turns)
+    eng = engine(config(page_size, 1024, spec=spec), chunk_size=24, spec=spec)
     got = chat(eng, turns)
     assert_same(got, want)
     assert all(out.hits.device > 0 and out.hits.host == 0 for out in got[1:])
     assert_clean(eng.cache)
 
 
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_chat_host_load_back(page_size: int) -> None:
+def test_chat_host_load_back(page_size: int, layout: str, spec: ModelSpec) -> None:
     turns = user_turns(2)
-    want = chat(reference(), turns)
-    eng = engine(config(page_size, 1024, host=True))
+    want = chat(reference(spec=spec), turns)
+    eng = engine(config(page_size, 1024, host=True, spec=spec, layout=layout), spec=spec)
     got = chat(eng, turns, between=push_to_host)
     assert_same(got, want)
     assert all(out.hits.host > 0 and out.hits.device == 0 for out in got[1:])
     assert_clean(eng.cache)
 
 
+@pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_chat_storage_prefetch_and_restart(tmp_path: Path, page_size: int) -> None:
+def test_chat_storage_prefetch_and_restart(tmp_path: Path, page_size: int, spec: ModelSpec) -> None:
     turns = user_turns(3)
-    want = chat(reference(), turns)
-    eng = engine(config(page_size, 1024, store=tmp_path / "store"))
+    want = chat(reference(spec=spec), turns)
+    eng = engine(config(page_size, 1024, store=tmp_path / "store", spec=spec), spec=spec)
     got = chat(eng, turns, between=push_to_storage)
     assert_same(got, want)
     assert all(out.hits.storage > 0 and out.hits.device == 0 for out in got[1:])
     assert_clean(eng.cache)
     eng.cache.close()
     # A new engine process-alike over the same store reuses the last turn's pages.
-    again = engine(config(page_size, 1024, store=tmp_path / "store"))
+    again = engine(config(page_size, 1024, store=tmp_path / "store", spec=spec), spec=spec)
     last = chat(again, turns)
     assert_same(last, want)
     assert last[0].hits.storage > 0
@@ -95,11 +103,12 @@ def test_prefetch_policies_stay_correct(tmp_path: Path, page_size: int, policy: 
     eng.cache.close()
 
 
+@pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_shared_system_prompt_batched(page_size: int) -> None:
+def test_shared_system_prompt_batched(page_size: int, spec: ModelSpec) -> None:
     requests = shared_prompt_requests(5)
-    want = generate(reference(), requests)
-    eng = engine(config(page_size, 2048), chunk_size=100)
+    want = generate(reference(spec=spec), requests)
+    eng = engine(config(page_size, 2048, spec=spec), chunk_size=100, spec=spec)
     got = generate(eng, requests)
     assert_same(got, want)
     assert sum(out.hits.device for out in got) >= 64 * (len(requests) - 2)

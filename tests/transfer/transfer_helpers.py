@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
+
+import pytest
 import torch
 
 from device_pool.kv_pool import DeviceKVPool
 from device_pool.shape import KVShape
 from host_pool.kv_pool import HostKVPool
+
+# CUDA io backends as test parameters; "kernel" needs cupy.
+IO_BACKENDS = [
+    "direct",
+    pytest.param(
+        "kernel",
+        marks=pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="needs cupy"),
+    ),
+]
 
 
 def make_shape(
