@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/default.toml
 
-.PHONY: run test lint bench format clean
+.PHONY: run test lint bench format clean redis-server
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,12 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/hicache bench tiering --config $(CONFIG)
 
-test: $(STAMP) lint
+test: $(STAMP) lint redis-server
 	$(PY) -m pytest
+
+# The redis backend tests run real servers; installs Debian's redis-server when missing.
+redis-server:
+	sh scripts/ensure-redis-server.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

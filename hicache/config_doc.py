@@ -50,6 +50,8 @@ MEANINGS: dict[str, str] = {
     "storage.fingerprint": "set by the cache (the model fingerprint); leave empty",
     "storage.allow_fingerprint_mismatch": "open a store written for another model anyway",
     "storage.sync": "flush each write batch to disk (LMDB sync, file fsync before rename)",
+    "storage.endpoint": "network store: `redis://host:port[,host:port…]`, `mooncake://host:port`",
+    "storage.key_prefix": "redis, mooncake: first part of every key (fleets sharing a store)",
     "policy.eviction": "which unlocked device leaf goes first",
     "policy.write_policy": "when device pages are backed up to host",
     "policy.write_through_threshold": "hits before a selective backup",

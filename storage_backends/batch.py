@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from storage_backends.page_format import KEY_BYTES
 
@@ -35,3 +35,13 @@ def check_batch(
         raise ValueError(f"got {len(keys)} keys but {len(bufs)} buffers")
     check_keys(keys)
     return [byte_view(buf, writable) for buf in bufs]
+
+
+def count_leading(present: Iterable[bool]) -> int:
+    """How many leading entries are True (``exists()`` of the network backends)."""
+    count = 0
+    for flag in present:
+        if not flag:
+            break
+        count += 1
+    return count

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-BACKENDS = ("none", "memory", "lmdb", "file")
+BACKENDS = ("none", "memory", "lmdb", "file", "redis", "mooncake")
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,11 @@ class StorageConfig:
     # Flush each write batch to disk (LMDB commit, file rename). False is faster; a process
     # crash still loses nothing, but an OS crash may lose (LMDB: damage) recent batches.
     sync: bool = True
+    # Network backends: where the store is, e.g. "redis://host:port[,host:port...]" (redis),
+    # "mooncake://master-host:port[?metadata=...]" (mooncake).
+    endpoint: str = ""
+    # redis, mooncake: first part of every key, so that fleets (or bench runs) share a store.
+    key_prefix: str = "hicache"
 
     def __post_init__(self) -> None:
         if not _known_backend(self.backend):
@@ -41,6 +46,19 @@ class StorageConfig:
             )
         if self.max_bytes < 1:
             raise ValueError(f"storage.max_bytes must be >= 1, got {self.max_bytes}")
+        if self.backend == "redis" and not self.endpoint.startswith("redis://"):
+            raise ValueError(
+                f"storage.endpoint must be redis://host:port[,...], got {self.endpoint!r}"
+            )
+        if self.backend == "mooncake" and not self.endpoint.startswith("mooncake://"):
+            raise ValueError(
+                f"storage.endpoint must be mooncake://host:port, got {self.endpoint!r}"
+            )
+        if not self.key_prefix or "{" in self.key_prefix or "}" in self.key_prefix:
+            # A hash tag in the prefix would put every page in one cluster slot.
+            raise ValueError(
+                f"storage.key_prefix must be non-empty, without braces: {self.key_prefix!r}"
+            )
         if self.map_size < 0:
             raise ValueError(f"storage.map_size must be >= 0, got {self.map_size}")
         if self.timeout_s <= 0:

@@ -16,6 +16,8 @@ FACTORIES: MappingProxyType[str, str] = MappingProxyType(
         "memory": "storage_backends.memory:MemoryBackend",
         "lmdb": "storage_backends.lmdb_backend:LmdbBackend",
         "file": "storage_backends.file_backend:FileBackend",
+        "redis": "storage_backends.redis_backend:RedisBackend",
+        "mooncake": "storage_backends.mooncake_backend:MooncakeBackend",
     }
 )
 

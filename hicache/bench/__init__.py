@@ -62,7 +62,9 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
         "storage": Benchmark(
             "hicache.bench.storage",
             reads=(),
-            flags=MappingProxyType({"storage.backend": "--backend"}),
+            flags=MappingProxyType(
+                {"storage.backend": "--backend", "storage.endpoint": "--endpoint"}
+            ),
         ),
         "engine": Benchmark(
             "hicache.bench.engine",

@@ -5,8 +5,8 @@ after it the bench drains every backup and storage write (``drain()``), so
 the next request meets the same cache on every run of the same seed and
 config. (The engine keeps the timing-dependent prefetch policy; only the
 bench pins it down.) The storage tier is the configured backend: lmdb or file
-in a temporary directory, memory as it is; with none configured, LMDB in a
-temporary directory.
+in a temporary directory, redis or mooncake under a key prefix of this run,
+memory as it is; with none configured, LMDB in a temporary directory.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ LINKS = ("d2h", "h2d", "h2s", "s2h")
 TIERS = ("device", "host", "storage")
 # Backends whose store is a directory: the bench gives them a fresh temporary one.
 PATH_BACKENDS = ("lmdb", "file")
+# Backends of a shared network store: the bench uses it under a key prefix of its own.
+NETWORK_BACKENDS = ("redis", "mooncake")
 # What one "round" of each workload is, for the plot's axis.
 ROUND_MEANING = {
     "multiturn": "turn r of every conversation",
@@ -115,6 +117,8 @@ def storage_setup(config: CacheConfig, store_dir: Path) -> StorageConfig:
         return StorageConfig(backend="lmdb", path=str(store_dir), max_bytes=8 << 30)
     if storage.backend in PATH_BACKENDS:
         return replace(storage, path=str(store_dir))
+    if storage.backend in NETWORK_BACKENDS:  # keys of this run only: no earlier run's pages
+        return replace(storage, key_prefix=f"{storage.key_prefix}-{store_dir.parent.name}")
     return storage
 
 

@@ -13,10 +13,23 @@ from pathlib import Path
 import pytest
 
 from storage_backends import StorageBackend, StorageConfig, create
+from storage_backends.mooncake_local import (
+    LocalMooncake,
+    MooncakeUnavailableError,
+    mooncake_binaries,
+)
+from storage_backends.redis_cluster import (
+    ClusterOptions,
+    LocalRedisCluster,
+    RedisUnavailableError,
+    redis_server_binary,
+)
 
 BACKEND_NAMES = ("memory", "lmdb", "file")
 
 MakeBackend = Callable[[StorageConfig], StorageBackend]
+# (backend name, max_bytes) -> a config of a store private to the calling test.
+StoreConfig = Callable[[str, int], StorageConfig]
 
 
 class Pages:
@@ -71,8 +84,97 @@ def make_backend() -> Iterator[MakeBackend]:
         backend.close()
 
 
+def start_redis_cluster(options: ClusterOptions) -> LocalRedisCluster:
+    """A running local cluster, or a skip when redis-server is not installed."""
+    if redis_server_binary() is None:
+        pytest.skip("redis-server is not installed (`make test` installs Debian's redis-server)")
+    cluster = LocalRedisCluster(options)
+    try:
+        cluster.start()
+    except RedisUnavailableError as exc:
+        pytest.fail(f"the local redis cluster did not start: {exc}")
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalRedisCluster]:
+    """Three redis-server masters on 127.0.0.1, shared by the whole session."""
+    cluster = start_redis_cluster(ClusterOptions(masters=3))
+    yield cluster
+    cluster.stop()
+
+
+StartCluster = Callable[[ClusterOptions], LocalRedisCluster]
+
+
+def start_mooncake() -> LocalMooncake:
+    """A running master + holder, or a skip when mooncake does not import here."""
+    try:
+        mooncake_binaries()
+    except MooncakeUnavailableError as exc:
+        pytest.skip(f"optional mooncake backend: {exc} (pip install '.[mooncake]', libibverbs1)")
+    store = LocalMooncake()
+    try:
+        store.start()
+    except MooncakeUnavailableError as exc:
+        pytest.fail(f"the local mooncake store did not start: {exc}")
+    return store
+
+
+@pytest.fixture(scope="session")
+def mooncake() -> Iterator[LocalMooncake]:
+    """A mooncake_master and a mooncake_client holder, shared by the whole session."""
+    store = start_mooncake()
+    yield store
+    store.stop()
+
+
+@pytest.fixture
+def own_mooncake() -> Iterator[Callable[[], LocalMooncake]]:
+    """Starts master + holder pairs private to one test (to kill the holder); stops them after."""
+    started: list[LocalMooncake] = []
+
+    def start() -> LocalMooncake:
+        started.append(start_mooncake())
+        return started[-1]
+
+    yield start
+    for store in started:
+        store.stop()
+
+
+@pytest.fixture
+def own_redis_cluster() -> Iterator[StartCluster]:
+    """Starts clusters private to one test (to kill nodes, limit memory); stops them after."""
+    started: list[LocalRedisCluster] = []
+
+    def start(options: ClusterOptions) -> LocalRedisCluster:
+        started.append(start_redis_cluster(options))
+        return started[-1]
+
+    yield start
+    for cluster in started:
+        cluster.stop()
+
+
+@pytest.fixture
+def store_config(tmp_path: Path, request: pytest.FixtureRequest) -> StoreConfig:
+    """Configs whose stores belong to this test: a temp path, or a fresh redis key prefix."""
+
+    def make(name: str, max_bytes: int = 64 << 20) -> StorageConfig:
+        if name != "redis":
+            return Pages.config(name, tmp_path, max_bytes)
+        cluster: LocalRedisCluster = request.getfixturevalue("redis_cluster")
+        fingerprint = hashlib.sha256(request.node.nodeid.encode()).hexdigest()
+        return StorageConfig(
+            backend="redis", endpoint=cluster.endpoint, max_bytes=max_bytes, fingerprint=fingerprint
+        )
+
+    return make
+
+
 @pytest.fixture
 def backend(
-    backend_name: str, tmp_path: Path, pages: Pages, make_backend: MakeBackend
+    backend_name: str, store_config: StoreConfig, make_backend: MakeBackend
 ) -> StorageBackend:
-    return make_backend(pages.config(backend_name, tmp_path))
+    return make_backend(store_config(backend_name, 64 << 20))

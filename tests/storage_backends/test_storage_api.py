@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,7 +14,13 @@ from storage_backends import StorageBackend, StorageClosedError, StorageStats
 from storage_backends.page_format import HEADER_BYTES
 
 if TYPE_CHECKING:
-    from conftest import MakeBackend, Pages
+    from conftest import MakeBackend, Pages, StoreConfig
+
+
+@pytest.fixture(params=("memory", "lmdb", "file", "redis"))
+def backend_name(request: pytest.FixtureRequest) -> str:
+    """Every backend, the network ones included, honours this contract."""
+    return str(request.param)
 
 
 def test_satisfies_protocol(backend: StorageBackend) -> None:
@@ -109,9 +114,9 @@ def test_stats_snapshot(backend: StorageBackend, pages: Pages) -> None:
 
 
 def test_page_over_max_page_bytes_is_rejected(
-    backend_name: str, tmp_path: Path, pages: Pages, make_backend: MakeBackend
+    backend_name: str, store_config: StoreConfig, pages: Pages, make_backend: MakeBackend
 ) -> None:
-    store = make_backend(replace(pages.config(backend_name, tmp_path), max_page_bytes=1024))
+    store = make_backend(replace(store_config(backend_name, 64 << 20), max_page_bytes=1024))
     src = pages.payloads([0], 1025) + pages.payloads([1], 1024)
     assert store.put(pages.keys(range(2)), src) == [False, True]
     assert store.stats().put_failures == 1

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING
 
 import lmdb
 import pytest
+from redis.cluster import RedisCluster
 
 from storage_backends import StorageBackend, StorageConfig
 from storage_backends.page_format import HEADER_BYTES
+from storage_backends.redis_backend import key_prefix
 
 if TYPE_CHECKING:
-    from conftest import MakeBackend, Pages
+    from conftest import MakeBackend, Pages, StoreConfig
 
 SIZE = 8192
 Damage = Callable[[bytes], bytes]
@@ -56,6 +58,17 @@ def _damage_file(config: StorageConfig, key: bytes, damage: Damage) -> None:
     path.write_bytes(damage(path.read_bytes()))
 
 
+def _damage_redis(config: StorageConfig, key: bytes, damage: Damage) -> None:
+    client = RedisCluster.from_url(config.endpoint.split(",")[0])
+    try:
+        name = key_prefix(config) + key
+        blob = client.get(name)
+        assert isinstance(blob, bytes)
+        client.set(name, damage(blob))
+    finally:
+        client.close()
+
+
 def _assert_damage_handled(store: StorageBackend, pages: Pages) -> None:
     keys = pages.keys(range(3))
     dst = pages.buffers(3, SIZE)
@@ -72,15 +85,15 @@ def _assert_damage_handled(store: StorageBackend, pages: Pages) -> None:
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
-@pytest.mark.parametrize("name", ["lmdb", "file"])
+@pytest.mark.parametrize("name", ["lmdb", "file", "redis"])
 def test_damaged_page_is_a_counted_miss(
-    tmp_path: Path, pages: Pages, make_backend: MakeBackend, name: str, damage: str
+    store_config: StoreConfig, pages: Pages, make_backend: MakeBackend, name: str, damage: str
 ) -> None:
-    config = pages.config(name, tmp_path)
+    config = store_config(name, 64 << 20)
     store = make_backend(config)
     store.put(pages.keys(range(3)), pages.payloads(range(3), SIZE))
     store.close()
-    injure = _damage_lmdb if name == "lmdb" else _damage_file
+    injure = {"lmdb": _damage_lmdb, "file": _damage_file, "redis": _damage_redis}[name]
     injure(config, pages.key(1), DAMAGES[damage])
     _assert_damage_handled(make_backend(config), pages)
 

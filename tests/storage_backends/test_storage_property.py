@@ -1,9 +1,10 @@
-"""Random batches of put/get/delete/exists against a dict model (memory and LMDB)."""
+"""Random batches of put/get/delete/exists against a dict model (memory, LMDB, redis)."""
 
 from __future__ import annotations
 
 import hashlib
 import tempfile
+import uuid
 from pathlib import Path
 from typing import NamedTuple
 
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage_backends import StorageBackend, StorageConfig, create
+from storage_backends.redis_cluster import LocalRedisCluster
 
 
 class Op(NamedTuple):
@@ -60,19 +62,32 @@ def _apply(store: StorageBackend, model: dict[int, bytes], op: Op, step: int) ->
         assert store.exists(keys) == leading
 
 
+def _run(config: StorageConfig, program: list[Op]) -> None:
+    store = create(config.backend, config)
+    model: dict[int, bytes] = {}
+    try:
+        for step, op in enumerate(program):
+            _apply(store, model, op, step)
+        stats = store.stats()
+        assert stats.entries == len(model)
+        assert stats.corrupt == 0
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("name", ["memory", "lmdb"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(program=st.lists(ops, max_size=12))
 def test_backend_matches_dict_model(name: str, program: list[Op]) -> None:
     with tempfile.TemporaryDirectory() as root:
-        config = StorageConfig(backend=name, path=str(Path(root, "store")), max_bytes=1 << 24)
-        store = create(name, config)
-        model: dict[int, bytes] = {}
-        try:
-            for step, op in enumerate(program):
-                _apply(store, model, op, step)
-            stats = store.stats()
-            assert stats.entries == len(model)
-            assert stats.corrupt == 0
-        finally:
-            store.close()
+        _run(StorageConfig(backend=name, path=str(Path(root, "store")), max_bytes=1 << 24), program)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=st.lists(ops, max_size=12))
+def test_redis_matches_dict_model(redis_cluster: LocalRedisCluster, program: list[Op]) -> None:
+    fingerprint = uuid.uuid4().hex  # every example starts from an empty store
+    config = StorageConfig(
+        backend="redis", endpoint=redis_cluster.endpoint, fingerprint=fingerprint, max_bytes=1 << 24
+    )
+    _run(config, program)
