@@ -15,6 +15,7 @@ FACTORIES: MappingProxyType[str, str] = MappingProxyType(
         "memory": "storage_backends.memory:MemoryBackend",
         "lmdb": "storage_backends.lmdb_backend:LmdbBackend",
         "file": "storage_backends.file_backend:FileBackend",
+        "remote": "storage_backends.remote:RemoteBackend",
     }
 )
 
