@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hicache.bench import add_parsers
 from hicache.config import CacheConfig, parse_override
+from hicache.daemon.cli import add_parsers as add_daemon_parsers
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark")
     add_parsers(bench.add_subparsers(dest="bench", required=True), _add_config_flags)
+    add_daemon_parsers(sub)
     return parser
 
 
@@ -39,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if hasattr(args, "daemon_run"):
+        return int(args.daemon_run(args))
     try:
         overrides = dict(parse_override(text) for text in args.overrides)
         args.config = CacheConfig.from_toml(args.config, overrides)

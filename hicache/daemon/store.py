@@ -1,0 +1,134 @@
+"""DaemonStore: tenant-scoped page records in a memory LRU in front of an LmdbBackend."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from hicache.daemon.config import StoreConfig
+from hicache.daemon.memory_lru import ByteLRU
+from hicache.daemon.protocol import Frame
+from storage_backends import StorageConfig
+from storage_backends.lmdb_backend import LmdbBackend
+from storage_backends.page_format import HEADER_BYTES, Verdict, check_header, validate
+
+logger = logging.getLogger(__name__)
+
+
+def scoped_key(tenant: str, key: bytes) -> bytes:
+    """The store key of ``key`` for ``tenant``: a 32-byte digest, so tenants never collide
+    (tenant names hold no NUL, so ``tenant NUL key`` is unambiguous)."""
+    return hashlib.blake2b(tenant.encode() + b"\0" + key, digest_size=32).digest()
+
+
+class Lookup(NamedTuple):
+    """Records of a GET, None for a miss, with where the hits came from."""
+
+    records: list[Frame | None]
+    memory_hits: int
+    store_hits: int
+
+
+class StoreSize(NamedTuple):
+    memory_entries: int
+    memory_bytes: int
+    memory_evictions: int
+    store_entries: int
+    store_bytes: int
+    store_evictions: int
+    store_corrupt: int
+    store_put_failures: int
+
+
+def check_record(record: Frame, key: bytes) -> Verdict:
+    """Header and checksum of a PUT's page record against the client's key."""
+    return validate(memoryview(record), key, None)
+
+
+class DaemonStore:
+    """Page records (header + payload as the client framed them) by (tenant, key).
+
+    Thread-safety: ``exists``/``get``/``size`` may run on any thread while one
+    writer thread calls ``put``/``delete``; ``close`` once nothing else runs.
+    The LRU caches only committed records. Records are stored in LMDB as the
+    payload of an LMDB page, whose own checksum is verified on every read.
+    Raises what the LmdbBackend raises on open (StorageOpenError).
+    """
+
+    def __init__(self, config: StoreConfig, max_page_bytes: int) -> None:
+        self._memory = ByteLRU(config.memory_bytes)
+        storage = StorageConfig(
+            backend="lmdb",
+            path=config.path,
+            max_bytes=config.max_bytes,
+            max_page_bytes=max_page_bytes,
+            sync=config.sync,
+        )
+        self._lmdb = LmdbBackend(storage)
+
+    def exists(self, keys: Sequence[bytes]) -> int:
+        """How many leading (scoped) keys are present. Mutates nothing."""
+        for count, key in enumerate(keys):
+            if key not in self._memory and not self._lmdb.exists([key]):
+                return count
+        return len(keys)
+
+    def get(self, keys: Sequence[bytes], client_keys: Sequence[bytes]) -> Lookup:
+        """Records of scoped ``keys``; store hits are checked and then cached in memory."""
+        records: list[Frame | None] = [self._memory.get(key) for key in keys]
+        memory_hits = sum(r is not None for r in records)
+        missing = [i for i, record in enumerate(records) if record is None]
+        if not missing:
+            return Lookup(records, memory_hits, 0)
+        generation = self._memory.generation
+        store_hits = 0
+        for i, record in zip(missing, self._lmdb.read([keys[i] for i in missing]), strict=True):
+            if record is None or not self._intact(record, client_keys[i]):
+                continue
+            records[i] = record
+            store_hits += 1
+            self._memory.put(keys[i], record, generation)
+        return Lookup(records, memory_hits, store_hits)
+
+    @staticmethod
+    def _intact(record: bytes, client_key: bytes) -> bool:
+        # The LMDB checksum covered these bytes; this only rechecks the client's header.
+        verdict = check_header(record, client_key, len(record) - HEADER_BYTES, None)
+        if verdict is not Verdict.OK:
+            logger.warning("stored record does not match its key (%s); reported a miss", verdict)
+        return verdict is Verdict.OK
+
+    def put(self, keys: Sequence[bytes], records: Sequence[Frame]) -> list[bool]:
+        """Commit records (one LMDB transaction), then cache them; per-key success."""
+        views = [memoryview(record) for record in records]
+        stored = self._lmdb.put(keys, views)
+        for key, record, ok in zip(keys, records, stored, strict=True):
+            if ok:
+                self._memory.put(key, record)
+        return stored
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Remove scoped keys from both tiers; return how many were present in either."""
+        unique = list(dict.fromkeys(keys))
+        present = [self._memory.pop(key) or self._lmdb.exists([key]) == 1 for key in unique]
+        self._lmdb.delete(unique)
+        return sum(present)
+
+    def size(self) -> StoreSize:
+        memory = self._memory.size()
+        store = self._lmdb.stats()
+        return StoreSize(
+            memory.entries,
+            memory.bytes_used,
+            memory.evictions,
+            store.entries,
+            store.bytes_used,
+            store.evictions,
+            store.corrupt,
+            store.put_failures,
+        )
+
+    def close(self) -> None:
+        self._lmdb.close()
