@@ -40,10 +40,11 @@ from storage_backends.remote_channel import Channel, CurveKeys
 
 logger = logging.getLogger(__name__)
 
-# One request carries at most this many keys / page bytes; a bigger batch is split
-# into requests that are all in flight at once (the daemon's limits are larger).
+# One request carries at most this many keys / page bytes (a page over the cap travels
+# alone); a bigger batch is split into requests that are all in flight at once, so
+# the daemon answers one while the client verifies and copies the previous one.
 REQUEST_KEYS = 1024
-REQUEST_BYTES = 32 << 20
+REQUEST_BYTES = 1 << 20
 # Replies the daemon sends when it, not the request, is the problem.
 _PEER_FAILURES = frozenset({ErrorCode.BUSY, ErrorCode.INTERNAL})
 _R = TypeVar("_R", bound=Reply)
@@ -67,6 +68,14 @@ class RemoteLinkStats:
     reconnects: int
     breaker_opens: int
     breaker_state: str
+
+
+# The daemon's STATS names for entries, bytes_used and capacity_bytes (the whole store).
+DAEMON_SIZE_STATS = (
+    "hicache_daemon_store_pages",
+    "hicache_daemon_store_used_bytes",
+    "hicache_daemon_store_capacity_bytes",
+)
 
 
 class _Size(NamedTuple):
@@ -240,7 +249,7 @@ class RemoteBackend:
         self._check_open()
         (reply,) = self._call(Op.STATS, [Request(Op.STATS, 0)], StatsReply)
         if reply is not None:
-            self._size = _Size(*(int(reply.stats.get(name, 0)) for name in _Size._fields))
+            self._size = _Size(*(int(reply.stats.get(name, 0)) for name in DAEMON_SIZE_STATS))
         return self._counters.snapshot(*self._size)
 
     def link_stats(self) -> RemoteLinkStats:

@@ -20,6 +20,7 @@ BENCHMARKS: MappingProxyType[str, str] = MappingProxyType(
         "transfer": "hicache.bench.transfer",
         "storage": "hicache.bench.storage",
         "engine": "hicache.bench.engine",
+        "daemon": "hicache.bench.daemon",
     }
 )
 
