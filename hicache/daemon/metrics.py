@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from hicache.daemon.protocol import ErrorCode, Op, StatValue
 from hicache.daemon.store import StoreSize
+from hicache.daemon.writer import WriterStats
 
 _PREFIX = "hicache_daemon"
 # Loopback round trips are tens of microseconds; group commits with fsync reach milliseconds.
@@ -18,13 +19,22 @@ _LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 
 
 
 class _SizeCollector(Collector):
-    """Memory and store sizes plus the store's own counters, read at scrape time."""
+    """Memory and store sizes plus the store's and writer's own counters, read at scrape time."""
 
-    def __init__(self, size: Callable[[], StoreSize]) -> None:
+    def __init__(self, size: Callable[[], StoreSize], writer: Callable[[], WriterStats]) -> None:
         self._size = size
+        self._writer = writer
 
     def collect(self) -> Iterator[Metric]:
-        size = self._size()
+        writer, size = self._writer(), self._size()
+        for name, help_text, value in (
+            ("commits", "LMDB write transactions of PUTs (group commits)", writer.commits),
+            ("committed_put_requests", "PUT requests in those commits", writer.committed_requests),
+            ("writer_failures", "write batches that raised (answered INTERNAL)", writer.failures),
+            ("corrupt_pages", "stored pages found damaged and dropped", size.store_corrupt),
+            ("put_failures", "pages the store could not write", size.store_put_failures),
+        ):
+            yield _counter(name, help_text, value)
         for tier, entries, used in (
             ("memory", size.memory_entries, size.memory_bytes),
             ("store", size.store_entries, size.store_bytes),
@@ -37,16 +47,12 @@ class _SizeCollector(Collector):
         evictions.add_metric(["memory"], size.memory_evictions)
         evictions.add_metric(["store"], size.store_evictions)
         yield evictions
-        corrupt = CounterMetricFamily(
-            f"{_PREFIX}_corrupt_pages", "stored pages found damaged and dropped"
-        )
-        corrupt.add_metric([], size.store_corrupt)
-        yield corrupt
-        failures = CounterMetricFamily(
-            f"{_PREFIX}_put_failures", "pages the store could not write (full, too large)"
-        )
-        failures.add_metric([], size.store_put_failures)
-        yield failures
+
+
+def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
+    counter = CounterMetricFamily(f"{_PREFIX}_{name}", help_text)
+    counter.add_metric([], value)
+    return counter
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
@@ -62,7 +68,7 @@ class DaemonMetrics:
     (histogram buckets left out) for the STATS reply.
     """
 
-    def __init__(self, size: Callable[[], StoreSize]) -> None:
+    def __init__(self, size: Callable[[], StoreSize], writer: Callable[[], WriterStats]) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
         self.requests = Counter(f"{_PREFIX}_requests", "requests answered", ["op"], registry=reg)
@@ -87,12 +93,7 @@ class DaemonMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=reg,
         )
-        self.writer_failures = Counter(
-            f"{_PREFIX}_writer_failures",
-            "write batches that raised (answered INTERNAL)",
-            registry=reg,
-        )
-        reg.register(_SizeCollector(size))
+        reg.register(_SizeCollector(size, writer))
         for op in Op:  # every label present from the start, so dashboards see zeros
             self.requests.labels(op=op.value)
         for code in ErrorCode:

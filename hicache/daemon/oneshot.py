@@ -50,7 +50,10 @@ def call(
             sock.curve_serverkey = load_public_key(server_key)
             sock.curve_publickey, sock.curve_secretkey = pair.public, pair.secret
         sock.connect(endpoint)
-        sock.send_multipart(encode_request(Request(op, 1, tuple(keys), tuple(pages))))
+        # A DEALER whose CURVE handshake was refused has no peer: a blocking send would hang.
+        if not sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
+            raise DaemonCallError(f"cannot reach {endpoint} within {timeout_s} s")
+        sock.send_multipart(encode_request(Request(op, 1, tuple(keys), tuple(pages))), zmq.NOBLOCK)
         if not sock.poll(int(timeout_s * 1000)):
             raise DaemonCallError(f"no reply from {endpoint} within {timeout_s} s")
         try:

@@ -41,7 +41,7 @@ from hicache.daemon.protocol import (
     encode_reply,
 )
 from hicache.daemon.store import DaemonStore, check_record, scoped_key
-from hicache.daemon.writer import WriteDone, WriteJob, Writer
+from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
 from storage_backends.page_format import Verdict
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class DaemonServer:
         self._limits = config.limits
         self._stopping = threading.Event()
         self._store = DaemonStore(config.store, config.limits.max_page_bytes)
-        self._metrics = DaemonMetrics(self._store.size)
+        self._metrics = DaemonMetrics(self._store.size, self._writer_stats)
         self._context = zmq.Context()
         self._auth = CurveAuth(self._context, config.auth) if config.auth.curve else None
         self._router = self._context.socket(zmq.ROUTER)
@@ -105,6 +105,9 @@ class DaemonServer:
         self._in_flight = 0
         self._in_flight_bytes = 0
         self._server = server_version()
+
+    def _writer_stats(self) -> WriterStats:
+        return self._writer.stats() if self._writer is not None else WriterStats(0, 0, 0)
 
     def start(self) -> Bound:
         """Bind the socket (and metrics port), start the writer, write the ready file."""
@@ -177,7 +180,8 @@ class DaemonServer:
             tenant = self._tenant(body[0])
             reply = self._dispatch(identity, request, tenant, start, nbytes)
         except ProtocolError as exc:
-            reply = ErrorReply(exc.request_id, exc.code, exc.message)
+            request_id = request.id if request is not None else exc.request_id
+            reply = ErrorReply(request_id, exc.code, exc.message)
         except Exception as exc:  # a bug or a store failure must not end the loop
             logger.exception("request failed")
             request_id = request.id if request is not None else None
@@ -266,7 +270,6 @@ class DaemonServer:
         request = pending.request
         reply: Reply
         if done.error:
-            self._metrics.writer_failures.inc()
             reply = ErrorReply(request.id, ErrorCode.INTERNAL, done.error)
         elif request.op is Op.PUT:
             reply = PutReply(request.id, done.stored)

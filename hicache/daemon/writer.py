@@ -32,13 +32,19 @@ class WriteDone(NamedTuple):
     error: str = ""
 
 
+class WriterStats(NamedTuple):
+    commits: int  # store.put calls (one LMDB transaction each)
+    committed_requests: int  # PUT requests they carried (group commit: more than commits)
+    failures: int  # batches that raised
+
+
 class Writer:
     """Applies jobs in arrival order on its own thread and hands back ``WriteDone`` records.
 
     ``submit`` and ``take_done`` may be called from any thread; ``notify`` is
     called (on the writer thread) after each batch of completions. A failing
-    batch becomes error completions and the thread carries on; ``failures``
-    counts such batches. ``close`` finishes every submitted job first.
+    batch becomes error completions and the thread carries on (counted in
+    ``stats``). ``close`` finishes every submitted job first.
     """
 
     def __init__(self, store: DaemonStore, notify: Callable[[], None]) -> None:
@@ -46,9 +52,15 @@ class Writer:
         self._notify = notify
         self._jobs: queue.SimpleQueue[WriteJob | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[WriteDone] = queue.SimpleQueue()
-        self.failures = 0
+        self._commits = 0
+        self._committed_requests = 0
+        self._failures = 0
         self._thread = threading.Thread(target=self._run, name="daemon-writer", daemon=True)
         self._thread.start()
+
+    def stats(self) -> WriterStats:
+        """Counters so far (read without a lock: each is written by the writer thread only)."""
+        return WriterStats(self._commits, self._committed_requests, self._failures)
 
     def submit(self, job: WriteJob) -> None:
         self._jobs.put(job)
@@ -103,9 +115,11 @@ class Writer:
             keys = [key for job in jobs for key in job.keys]
             records = [record for job in jobs for record in job.records]
             stored = self._store.put(keys, records)
+            self._commits += 1
+            self._committed_requests += len(jobs)
         except Exception as exc:  # the thread must outlive any failure; the jobs get INTERNAL
             logger.exception("write of %d requests failed", len(jobs))
-            self.failures += 1
+            self._failures += 1
             return [WriteDone(job, error=f"write failed: {exc!r:.200}") for job in jobs]
         out: list[WriteDone] = []
         offset = 0

@@ -174,7 +174,7 @@ _headers = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     header=_headers | _values,
     pages=st.lists(st.binary(max_size=80), max_size=4),
