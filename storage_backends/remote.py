@@ -93,16 +93,14 @@ def load_curve_keys(config: StorageConfig) -> CurveKeys | None:
     """The CURVE keys named by ``config`` (None: CURVE off); StorageOpenError if unreadable."""
     if not config.curve_client_key:
         return None
-    import zmq.auth
+    from hicache.daemon.auth import load_key_pair, load_public_key
 
     try:
-        public, secret = zmq.auth.load_certificate(config.curve_client_key)
-        server, _ = zmq.auth.load_certificate(config.curve_server_key)
-    except (OSError, ValueError) as e:
+        pair = load_key_pair(config.curve_client_key)
+        server = load_public_key(config.curve_server_key)
+    except ValueError as e:
         raise StorageOpenError(f"cannot load CURVE keys: {e}") from None
-    if secret is None:
-        raise StorageOpenError(f"{config.curve_client_key} holds no secret key")
-    return CurveKeys(public, secret, server)
+    return CurveKeys(pair.public, pair.secret, server)
 
 
 def chunks(sizes: Sequence[int]) -> list[_Chunk]:

@@ -21,10 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-import zmq
-
-from hicache.daemon.protocol import Op, PingReply, ProtocolError, Request, decode_reply
-from hicache.daemon.protocol import encode_request as encode
+from hicache.daemon.oneshot import DaemonCallError, call
+from hicache.daemon.protocol import Op, PingReply
 
 logger = logging.getLogger(__name__)
 
@@ -119,41 +117,35 @@ class ServerProcess:
         self.stop()
 
 
-def wait_ping(endpoint: str, timeout_s: float = START_TIMEOUT_S) -> str:
-    """Send PINGs until the daemon at ``endpoint`` answers; return its version string."""
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    deadline = time.monotonic() + timeout_s
-    try:
-        request_id = 0
-        while time.monotonic() < deadline:
-            request_id += 1
-            sock.send_multipart(encode(Request(Op.PING, request_id)))
-            if sock.poll(200, zmq.POLLIN):
-                try:
-                    reply = decode_reply(sock.recv_multipart(), Op.PING)
-                except ProtocolError:
-                    continue
-                if isinstance(reply, PingReply):
-                    return reply.server
-        raise ServerError(f"no PING reply from {endpoint} within {timeout_s} s")
-    finally:
-        sock.close()
-        ctx.term()
+def wait_ping(endpoint: str, client_key: str | None = None, server_key: str | None = None) -> str:
+    """PING the daemon at ``endpoint`` (with CURVE key files when given) until it answers,
+    for at most ``START_TIMEOUT_S``; return its version string. ServerError otherwise."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            reply = call(endpoint, Op.PING, 0.5, server_key, client_key)
+        except DaemonCallError:
+            continue
+        assert isinstance(reply, PingReply)
+        return reply.server
+    raise ServerError(f"no PING reply from {endpoint} within {START_TIMEOUT_S} s")
 
 
 def start_daemon(
-    config: Path, store: Path, extra: Sequence[str] = (), log_path: Path | None = None
+    config: Path,
+    store: Path,
+    endpoint: str = "tcp://127.0.0.1:0",
+    log_path: Path | None = None,
+    keys: tuple[str, str] | None = None,
 ) -> ServerProcess:
-    """The daemon (``configs/daemon.toml`` style ``config``) on an OS-picked loopback port
-    over the store at ``store``, metrics off; returned once it answers a PING."""
+    """The daemon (``configs/daemon.toml`` style ``config``) at ``endpoint`` (default: an
+    OS-picked loopback port) over the store at ``store``, metrics off; returned once it
+    answers a PING (sent with ``keys`` = (client key file, server key file) under CURVE)."""
     argv = [sys.executable, "-m", "hicache.daemon", "serve", "--config", str(config)]
-    argv += ["--endpoint", "tcp://127.0.0.1:0", "--store", str(store), "--metrics-port", "-1"]
-    server = ServerProcess([*argv, *extra], DAEMON_BANNER, log_path)
+    argv += ["--endpoint", endpoint, "--store", str(store), "--metrics-port", "-1"]
+    server = ServerProcess(argv, DAEMON_BANNER, log_path)
     try:
-        wait_ping(server.endpoint)
+        wait_ping(server.endpoint, *(keys or (None, None)))
     except BaseException:
         server.kill()
         raise
