@@ -61,6 +61,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import zmq
+
     from hicache.daemon.config import DaemonConfig
     from hicache.daemon.server import DaemonServer
     from storage_backends import StorageError
@@ -71,10 +73,19 @@ def _serve(args: argparse.Namespace) -> int:
     except (ValueError, OSError, StorageError) as exc:
         print(f"hicache serve: {exc}", file=sys.stderr)
         return 2
-    server.start()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: server.stop())
-    return 0 if server.serve() else 1
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = [signal.signal(signum, lambda *_: server.stop()) for signum in signals]
+    try:
+        server.start()
+    except (zmq.ZMQError, OSError) as exc:
+        server.close()
+        print(f"hicache serve: cannot listen: {exc}", file=sys.stderr)
+        return 2
+    else:
+        return 0 if server.serve() else 1
+    finally:
+        for signum, handler in zip(signals, previous, strict=True):
+            signal.signal(signum, handler)
 
 
 def _keygen(args: argparse.Namespace) -> int:

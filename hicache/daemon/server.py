@@ -83,21 +83,29 @@ def _bind_address(endpoint: str) -> str:
 class DaemonServer:
     """Owns the socket, store, writer, metrics and (with CURVE) the authenticator.
 
-    ``start`` binds and returns where; ``serve`` runs the loop on the calling
-    thread until ``stop`` (thread- and signal-safe) and then shuts down: no new
-    requests are read, queued writes are committed and answered, the store is
-    flushed and closed. Construction raises ValueError/StorageOpenError for an
-    unusable config or store.
+    ``start`` binds and returns where (zmq.ZMQError/OSError if it cannot);
+    ``serve`` runs the loop on the calling thread until ``stop`` (thread- and
+    signal-safe) and then calls ``close``: no new requests are read, queued
+    writes are committed and answered, the store is flushed and closed.
+    Construction raises ValueError (key files) or StorageOpenError (store).
     """
 
     def __init__(self, config: DaemonConfig) -> None:
         self._config = config
         self._limits = config.limits
         self._stopping = threading.Event()
-        self._store = DaemonStore(config.store, config.limits.max_page_bytes)
-        self._metrics = DaemonMetrics(self._store.size, self._writer_stats)
+        self._closed = False
         self._context = zmq.Context()
-        self._auth = CurveAuth(self._context, config.auth) if config.auth.curve else None
+        self._auth: CurveAuth | None = None
+        try:
+            self._auth = CurveAuth(self._context, config.auth) if config.auth.curve else None
+            self._store = DaemonStore(config.store, config.limits.max_page_bytes)
+        except BaseException:
+            if self._auth is not None:
+                self._auth.stop()
+            self._context.term()
+            raise
+        self._metrics = DaemonMetrics(self._store.size, self._writer_stats)
         self._router = self._context.socket(zmq.ROUTER)
         self._wake_in = self._context.socket(zmq.PULL)
         self._wake_out = self._context.socket(zmq.PUSH)
@@ -159,7 +167,7 @@ class DaemonServer:
                 self._deliver_writes()
             if self._router in events:
                 self._receive()
-        return self._shutdown()
+        return self.close()
 
     def _receive(self) -> None:
         for _ in range(_RECV_BATCH):
@@ -290,13 +298,18 @@ class DaemonServer:
         except zmq.ZMQError as exc:
             logger.debug("reply not sent: %s", exc)
 
-    def _shutdown(self) -> bool:
-        """Finish and answer queued writes, then close everything; False if writes hung."""
+    def close(self) -> bool:
+        """Finish and answer queued writes, then close everything (idempotent; call it
+        directly only if ``serve`` never ran). False if the writes did not finish in time."""
+        if self._closed:
+            return True
+        self._closed = True
         logger.info("stopping: answering %d writes in flight", self._in_flight)
-        assert self._writer is not None
-        finished = self._writer.close(self._config.server.shutdown_timeout_s)
-        for done in self._writer.take_done():
-            self._finish_write(done)
+        finished = True
+        if self._writer is not None:
+            finished = self._writer.close(self._config.server.shutdown_timeout_s)
+            for done in self._writer.take_done():
+                self._finish_write(done)
         self._wake_in.close(linger=0)
         self._wake_out.close(linger=0)
         self._router.close(linger=_LINGER_MS)

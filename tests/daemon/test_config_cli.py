@@ -81,3 +81,11 @@ def test_stats_prints_a_running_daemon_s_counters(start_daemon, connect, capsys)
     assert 'hicache_daemon_requests_total{op="PING"} 1' in out
     assert "hicache_daemon_store_pages 0" in out
     assert daemon_main(["stats", "--connect", "tcp://127.0.0.1:1", "--timeout", "0.2"]) == 1
+
+
+def test_serve_reports_a_busy_endpoint_and_exits_2(start_daemon, tmp_path: Path, capsys) -> None:
+    daemon = start_daemon()
+    argv = ["serve", "--config", str(REPO / "configs" / "daemon.toml"), "--metrics-port", "-1"]
+    argv += ["--endpoint", daemon.endpoint, "--store", str(tmp_path / "second")]
+    assert daemon_main(argv) == 2
+    assert "cannot listen" in capsys.readouterr().err
