@@ -131,3 +131,15 @@ def test_stats_and_prometheus_report_the_same_counters(
     assert 'hicache_daemon_request_duration_seconds_bucket{le="0.0001",op="GET"}' in text
     assert 'hicache_daemon_lookups_total{result="hit",tier="memory"} 2.0' in text
     assert "hicache_daemon_store_used_bytes" in text and "hicache_daemon_memory_used_bytes" in text
+
+
+def test_ipc_endpoint(start_daemon, connect, tmp_path: Path, pages) -> None:
+    config = daemon_toml(tmp_path / "store").replace(
+        'endpoint = "tcp://127.0.0.1:0"', f'endpoint = "ipc://{tmp_path}/daemon.sock"'
+    )
+    daemon = start_daemon(config)
+    assert daemon.endpoint == f"ipc://{tmp_path}/daemon.sock"
+    client = connect(daemon.endpoint)
+    keys, records = pages(2)
+    assert client.put(keys, records) == (True, True)
+    assert client.get(keys) == records
