@@ -175,7 +175,7 @@ class RemoteBackend:
         self._counters.record_get(sum(hits), len(keys) - sum(hits), len(corrupt))
         if corrupt:
             logger.warning("%d damaged pages from the daemon; deleting them", len(corrupt))
-            self.delete(corrupt)
+            self._remove(corrupt)
         return hits
 
     def _fill(
@@ -228,6 +228,12 @@ class RemoteBackend:
     def delete(self, keys: Sequence[bytes]) -> int:
         self._check_open()
         check_keys(keys)
+        deleted = self._remove(keys)
+        self._counters.record_deletes(deleted)
+        return deleted
+
+    def _remove(self, keys: Sequence[bytes]) -> int:
+        """DELETE ``keys`` at the daemon; return how many it held."""
         parts = chunks([0] * len(keys))
         requests = [Request(Op.DELETE, 0, tuple(keys[c.start : c.stop])) for c in parts]
         deleted = 0
@@ -237,7 +243,6 @@ class RemoteBackend:
                 # Which keys were present is not reported: announce them all (a removal
                 # announced for an absent page is harmless, a missed one is stale).
                 self._counters.note_removed(keys[part.start : part.stop])
-        self._counters.record_deletes(deleted)
         return deleted
 
     def take_removed(self) -> list[bytes]:

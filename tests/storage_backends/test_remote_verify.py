@@ -73,8 +73,8 @@ def peer() -> Iterator[Peer]:
     ctx.term()
 
 
-def remote(endpoint: str) -> RemoteBackend:
-    config = StorageConfig(backend="remote", endpoint=endpoint, timeout_s=0.5)
+def remote(endpoint: str, timeout_s: float = 0.5) -> RemoteBackend:
+    config = StorageConfig(backend="remote", endpoint=endpoint, timeout_s=timeout_s)
     backend = create("remote", config)
     assert isinstance(backend, RemoteBackend)
     return backend
@@ -147,5 +147,27 @@ def test_replies_that_break_the_protocol_are_misses(peer: Peer) -> None:
         assert (link.bad_replies, link.timeouts, link.error_replies) == (2, 1, 1)
         peer.script[0] = answer_get(lambda k: record)
         assert backend.get([key(0)], [memoryview(bytearray(PAGE))]) == [True]  # recovers
+    finally:
+        backend.close()
+
+
+def test_a_late_reply_is_never_taken_for_a_later_request(peer: Peer) -> None:
+    records = {key(i): encode_page(key(i), bytes([i]) * PAGE) for i in range(2)}
+    slow_once = threading.Event()
+
+    def script(req: Request) -> list[bytes]:
+        if req.keys == (key(0),) and not slow_once.is_set():
+            slow_once.set()
+            threading.Event().wait(1.5)  # past the 1 s timeout, within the next call's
+        return answer_get(records.get)(req)
+
+    peer.script[0] = script
+    backend = remote(peer.endpoint, timeout_s=1.0)
+    try:
+        dst = [memoryview(bytearray(PAGE))]
+        assert backend.get([key(0)], dst) == [False]  # timed out
+        assert backend.get([key(1)], dst) == [True]
+        assert bytes(dst[0]) == b"\x01" * PAGE  # key 1's page, not the late key 0 reply
+        assert backend.link_stats().timeouts == 1
     finally:
         backend.close()
