@@ -21,7 +21,7 @@ dtype = "float32"
 [device]
 device = "cpu"
 page_size = 16
-num_tokens = 4096
+num_tokens = 16384
 [host]
 ratio = 2.0
 reserve_gb = 0.0
