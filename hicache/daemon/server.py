@@ -233,7 +233,8 @@ class DaemonServer:
         return None
 
     def _get(self, request: Request, keys: tuple[bytes, ...]) -> GetReply:
-        lookup = self._store.get(keys, request.keys)
+        # Replies are capped like requests, so a GET of many large pages cannot pile up memory.
+        lookup = self._store.get(keys, request.keys, self._limits.max_request_bytes)
         pages = tuple(record for record in lookup.records if record is not None)
         misses = len(keys) - len(pages)
         self._metrics.lookups.labels(result="hit", tier="memory").inc(lookup.memory_hits)

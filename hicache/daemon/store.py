@@ -16,6 +16,9 @@ from storage_backends.page_format import HEADER_BYTES, Verdict, check_header, va
 
 logger = logging.getLogger(__name__)
 
+# GET keys read from LMDB per transaction, so a reply over its byte cap stops reading early.
+_READ_CHUNK = 16
+
 
 def scoped_key(tenant: str, key: bytes) -> bytes:
     """The store key of ``key`` for ``tenant``: a 32-byte digest, so tenants never collide
@@ -40,6 +43,12 @@ class StoreSize(NamedTuple):
     store_evictions: int
     store_corrupt: int
     store_put_failures: int
+
+
+def _lookup(records: list[Frame | None], from_memory: list[bool]) -> Lookup:
+    memory_hits = sum(r is not None and m for r, m in zip(records, from_memory, strict=True))
+    store_hits = sum(r is not None for r in records) - memory_hits
+    return Lookup(records, memory_hits, store_hits)
 
 
 def check_record(record: Frame, key: bytes) -> Verdict:
@@ -75,22 +84,30 @@ class DaemonStore:
                 return count
         return len(keys)
 
-    def get(self, keys: Sequence[bytes], client_keys: Sequence[bytes]) -> Lookup:
-        """Records of scoped ``keys``; store hits are checked and then cached in memory."""
+    def get(self, keys: Sequence[bytes], client_keys: Sequence[bytes], max_bytes: int) -> Lookup:
+        """Records of scoped ``keys``; store hits are checked and then cached in memory.
+
+        The records returned add up to at most ``max_bytes``: from the first key
+        that would exceed it, every later key is reported as a miss (and not read).
+        """
         records: list[Frame | None] = [self._memory.get(key) for key in keys]
-        memory_hits = sum(r is not None for r in records)
-        missing = [i for i, record in enumerate(records) if record is None]
-        if not missing:
-            return Lookup(records, memory_hits, 0)
+        from_memory = [record is not None for record in records]
         generation = self._memory.generation
-        store_hits = 0
-        for i, record in zip(missing, self._lmdb.read([keys[i] for i in missing]), strict=True):
-            if record is None or not self._intact(record, client_keys[i]):
-                continue
-            records[i] = record
-            store_hits += 1
-            self._memory.put(keys[i], record, generation)
-        return Lookup(records, memory_hits, store_hits)
+        used = 0
+        for start in range(0, len(keys), _READ_CHUNK):
+            chunk = range(start, min(start + _READ_CHUNK, len(keys)))
+            missing = [i for i in chunk if records[i] is None]
+            stored = self._lmdb.read([keys[i] for i in missing]) if missing else []
+            for i, record in zip(missing, stored, strict=True):
+                if record is not None and self._intact(record, client_keys[i]):
+                    records[i] = record
+                    self._memory.put(keys[i], record, generation)
+            for i in chunk:
+                used += len(records[i] or b"")
+                if used > max_bytes:
+                    records[i:] = [None] * (len(keys) - i)
+                    return _lookup(records, from_memory)
+        return _lookup(records, from_memory)
 
     @staticmethod
     def _intact(record: bytes, client_key: bytes) -> bool:

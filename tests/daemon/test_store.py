@@ -43,15 +43,17 @@ def test_store_reads_through_memory_and_survives_reopen(store) -> None:
     assert s.put(keys, records) == [True] * 8
     size = s.size()
     assert size.memory_entries == 3 and size.memory_evictions == 5 and size.store_entries == 8
-    lookup = s.get(keys, client_keys)
+    lookup = s.get(keys, client_keys, 1 << 30)
     assert [bytes(r) for r in lookup.records if r is not None] == records
     assert (lookup.memory_hits, lookup.store_hits) == (3, 5)
     assert s.exists(keys) == 8
     assert s.delete([keys[0], keys[0], scoped_key("t", b"none")]) == 1
     assert s.exists(keys) == 0
+    capped = s.get(keys[1:], client_keys[1:], max_bytes=2 * len(records[0]) + 10)
+    assert capped.records == [*records[1:3], *[None] * 5]  # later keys: misses, not read
     s.close()
     reopened = store()
-    assert reopened.get(keys[1:], client_keys[1:]).records == records[1:]
+    assert reopened.get(keys[1:], client_keys[1:], 1 << 30).records == records[1:]
 
 
 def test_damaged_stored_page_is_a_miss_and_counted(store, tmp_path: Path) -> None:
@@ -67,7 +69,7 @@ def test_damaged_stored_page_is_a_miss_and_counted(store, tmp_path: Path) -> Non
     raw[at] ^= 0xFF
     data.write_bytes(bytes(raw))
     reopened = store()
-    lookup = reopened.get([scoped_key("t", client_key)], [client_key])
+    lookup = reopened.get([scoped_key("t", client_key)], [client_key], 1 << 30)
     assert lookup.records == [None]
     assert reopened.size().store_corrupt == 1 and reopened.size().store_entries == 0
 
