@@ -143,3 +143,25 @@ def test_ipc_endpoint(start_daemon, connect, tmp_path: Path, pages) -> None:
     keys, records = pages(2)
     assert client.put(keys, records) == (True, True)
     assert client.get(keys) == records
+
+
+def test_full_store_evicts_and_refuses_oversized_pages(
+    start_daemon, connect, tmp_path, pages
+) -> None:
+    config = daemon_toml(tmp_path / "store", memory_bytes=0).replace(
+        f"max_bytes = {64 << 20}", f"max_bytes = {1 << 20}"
+    )
+    daemon = start_daemon(config)
+    client = connect(daemon.endpoint)
+    keys, records = pages(48, size=65536)  # 3 MiB through a 1 MiB store
+    for start in range(0, 48, 8):
+        assert client.put(keys[start : start + 8], records[start : start + 8]) == (True,) * 8
+    served = client.get(keys)
+    assert served[-8:] == records[-8:]  # the most recent pages stay
+    assert served[0] is None  # the oldest were evicted
+    big_key, big_record = pages(1, salt="big", size=2 << 20)
+    assert client.put(big_key, big_record) == (False,)  # larger than the whole store
+    stats = client.call(Op.STATS).stats
+    assert stats['hicache_daemon_evictions_total{tier="store"}'] > 0
+    assert stats["hicache_daemon_put_failures_total"] == 1
+    assert stats["hicache_daemon_store_used_bytes"] <= 1 << 20
