@@ -131,6 +131,7 @@ class DaemonServer:
         bound = Bound(endpoint, port, os.getpid())
         if self._auth is None and not is_loopback(endpoint):
             logger.warning("listening on %s without CURVE: any client that reaches it", endpoint)
+        # hicache.bench.processes reads the endpoint from this line: keep its wording.
         logger.info("hicache daemon listening on %s (metrics port %s)", endpoint, port)
         if self._config.server.ready_file:
             _write_ready_file(Path(self._config.server.ready_file), bound)
