@@ -103,3 +103,18 @@ def test_engine_runs_on_misses_while_the_daemon_is_dead_then_reuses_after_restar
         again.cache.close()
     finally:
         restarted.stop()
+
+
+def test_engine_cli_processes_share_through_configs_remote_toml(daemon: ServerProcess) -> None:
+    """``python -m hicache.engine --config configs/remote.toml`` twice: the second process's
+    first turn is served from the first one's pages."""
+    cmd = [sys.executable, "-m", "hicache.engine", "--config", "configs/remote.toml"]
+    cmd += ["--set", f"storage.endpoint={daemon.endpoint}", "--set", "device.device=cpu"]
+    cmd += ["--turns", "1", "--turn-tokens", "160", "--hidden", "64", "--evict", "storage"]
+    storage_hits = []
+    for _ in range(2):
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
+        turn = done.stdout.splitlines()[-1].split()  # turn prompt device host storage ttft
+        assert turn[:2] == ["1", "160"]
+        storage_hits.append(int(turn[4]))
+    assert storage_hits[0] == 0 and storage_hits[1] > 0
