@@ -8,6 +8,7 @@ fast until a probe gets through again (``storage_backends.breaker``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -141,8 +142,8 @@ class RemoteBackend:
         )
         self._counters = StatCounters()
         self._link = dict.fromkeys(
-            ("requests", "timeouts", "fast_fails", "error_replies", "bad_replies"), 0
-        )
+            ("requests", "timeouts", "fast_fails", "error_replies", "bad_replies", "reconnects"), 0
+        )  # "reconnects": of channels already closed; live ones count their own
         self._size = _Size(0, 0, 0)  # as the daemon last reported it
         self._closed = False
 
@@ -259,10 +260,9 @@ class RemoteBackend:
         """Counters of the connection to the daemon (thread-safe, no I/O)."""
         with self._lock:
             link = dict(self._link)
-            reconnects = sum(c.reconnects for c in self._channels.values())
+            link["reconnects"] += sum(c.reconnects for c in self._channels.values())
         return RemoteLinkStats(
             **link,
-            reconnects=reconnects,
             breaker_opens=self._breaker.times_opened,
             breaker_state=self._breaker.state.value,
         )
@@ -304,10 +304,23 @@ class RemoteBackend:
             self._local.channel = channel
         return channel
 
+    def _drop_channel(self) -> None:
+        channel: Channel | None = getattr(self._local, "channel", None)
+        self._local.channel = None
+        if channel is None:
+            return
+        with self._lock:
+            self._channels.pop(threading.current_thread(), None)
+            self._link["reconnects"] += channel.reconnects + 1
+        with contextlib.suppress(zmq.ZMQError):
+            channel.close()
+
     def _prune_channels(self) -> None:
         """Close the sockets of threads that have exited (caller holds the lock)."""
         for thread in [t for t in self._channels if not t.is_alive()]:
-            self._channels.pop(thread).close()
+            channel = self._channels.pop(thread)
+            self._link["reconnects"] += channel.reconnects
+            channel.close()
 
     def _call(self, op: Op, requests: list[Request], kind: type[_R]) -> list[_R | None]:
         """Run ``requests`` through this thread's channel under the breaker.
@@ -323,7 +336,8 @@ class RemoteBackend:
         self._count("requests", len(requests))
         peer_ok = False
         try:
-            outcome = self._channel().exchange(op, requests, self._config.timeout_s)
+            channel = self._channel()
+            outcome = channel.exchange(op, requests, self._config.timeout_s)
             self._count("timeouts", outcome.timed_out)
             self._count("bad_replies", outcome.bad)
             typed = [self._typed(reply, kind) for reply in outcome.replies]
@@ -333,7 +347,7 @@ class RemoteBackend:
             return typed
         except zmq.ZMQError as e:
             logger.warning("daemon link %s failed: %s", self._config.endpoint, e)
-            self._channel().reset()
+            self._drop_channel()  # the next call starts on a new socket
             return [None] * len(requests)
         finally:
             record: Callable[[], None] = (

@@ -156,6 +156,18 @@ def test_absent_daemon_many_threads(free_port_endpoint: str) -> None:
         backend.close()
 
 
+def test_unresolvable_daemon_host_gives_misses() -> None:
+    backend = remote("tcp://nohost.invalid:5557", failures=1)
+    try:
+        assert backend.exists([key(0)]) == 0
+        assert backend.get([key(0)], [memoryview(bytearray(PAGE))]) == [False]
+        assert backend.put([key(0)], [memoryview(bytes(PAGE))]) == [False]
+        link = backend.link_stats()
+        assert (link.timeouts, link.fast_fails) == (1, 2)
+    finally:
+        backend.close()
+
+
 def test_checks_arguments_and_closed(silent_router: tuple[str, zmq.Socket[bytes]]) -> None:
     backend = remote(silent_router[0])
     with pytest.raises(ValueError, match="32-byte"):
