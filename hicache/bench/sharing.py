@@ -120,8 +120,11 @@ def _engine_main(
 def run_engines(
     name: str, configs: list[CacheConfig], halves: list[list[TraceRequest]]
 ) -> SharingReport:
-    """Each half through its own cache in its own process (spawned: no forked torch state)."""
-    ctx = mp.get_context("spawn")
+    """Each half through its own cache in its own process. Forked from a fresh server
+    process that has imported this module (so torch) once: no state of this process's
+    threads, and no import per engine."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     warm, out = ctx.Event(), ctx.Queue()
     procs = [
         ctx.Process(target=_engine_process, args=(cfg, half, warm, e == 0, out))

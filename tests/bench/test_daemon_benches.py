@@ -56,7 +56,7 @@ def test_two_engines_reuse_each_other_only_through_the_daemon(tmp_path: Path) ->
     cfg.write_text(SMALL)
     out = tmp_path / "out"
     argv = ["bench", "tiering", "--config", str(cfg), "--engines", "2", "--clients", "16"]
-    assert main([*argv, "--rounds", "2", "--out", str(out)]) == 0
+    assert main([*argv, "--rounds", "1", "--out", str(out)]) == 0
     own, shared = json.loads((out / "tiering.json").read_text())["engines"]
     assert own["name"] == "2 engines, own LMDB each"
     assert shared["name"] == "2 engines, shared daemon"
