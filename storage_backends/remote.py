@@ -36,7 +36,7 @@ from storage_backends.breaker import CircuitBreaker
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
-from storage_backends.page_format import Verdict, copy_verified, encode_page
+from storage_backends.page_format import HEADER_BYTES, Verdict, copy_verified, encode_page
 from storage_backends.remote_channel import Channel, CurveKeys
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 # the daemon answers one while the client verifies and copies the previous one.
 REQUEST_KEYS = 1024
 REQUEST_BYTES = 1 << 20
+# Room for a reply header (a GET's found list, a STATS map) beyond a page record.
+REPLY_HEADER_BYTES = 1 << 20
 # Replies the daemon sends when it, not the request, is the problem.
 _PEER_FAILURES = frozenset({ErrorCode.BUSY, ErrorCode.INTERNAL})
 _R = TypeVar("_R", bound=Reply)
@@ -299,10 +301,16 @@ class RemoteBackend:
             with self._lock:
                 self._check_open()
                 self._prune_channels()
-                channel = Channel(self._ctx, self._config.endpoint, self._curve)
+                channel = Channel(
+                    self._ctx, self._config.endpoint, self._curve, self._max_frame_bytes()
+                )
                 self._channels[threading.current_thread()] = channel
             self._local.channel = channel
         return channel
+
+    def _max_frame_bytes(self) -> int:
+        """The largest frame a valid reply can carry: one page record, or a header."""
+        return self._config.max_page_bytes + HEADER_BYTES + REPLY_HEADER_BYTES
 
     def _drop_channel(self) -> None:
         channel: Channel | None = getattr(self._local, "channel", None)

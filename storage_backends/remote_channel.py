@@ -62,10 +62,17 @@ class Channel:
     Raises nothing but ``zmq.ZMQError`` from the socket itself.
     """
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, curve: CurveKeys | None):
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        endpoint: str,
+        curve: CurveKeys | None,
+        max_frame_bytes: int,
+    ):
         self._ctx = ctx
         self._endpoint = endpoint
         self._curve = curve
+        self._max_frame_bytes = max_frame_bytes
         self._next_id = 0
         self.reconnects = 0
         self._sock = self._connect()
@@ -78,6 +85,9 @@ class Channel:
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+        # A peer sending a frame larger than any valid reply is disconnected (the
+        # request then times out) instead of making this process buffer it.
+        sock.setsockopt(zmq.MAXMSGSIZE, self._max_frame_bytes)
         if self._curve is not None:
             sock.curve_publickey = self._curve.public
             sock.curve_secretkey = self._curve.secret

@@ -73,8 +73,10 @@ def peer() -> Iterator[Peer]:
     ctx.term()
 
 
-def remote(endpoint: str, timeout_s: float = 0.5) -> RemoteBackend:
-    config = StorageConfig(backend="remote", endpoint=endpoint, timeout_s=timeout_s)
+def remote(endpoint: str, timeout_s: float = 0.5, max_page_bytes: int = 64 << 20) -> RemoteBackend:
+    config = StorageConfig(
+        backend="remote", endpoint=endpoint, timeout_s=timeout_s, max_page_bytes=max_page_bytes
+    )
     backend = create("remote", config)
     assert isinstance(backend, RemoteBackend)
     return backend
@@ -169,5 +171,19 @@ def test_a_late_reply_is_never_taken_for_a_later_request(peer: Peer) -> None:
         assert backend.get([key(1)], dst) == [True]
         assert bytes(dst[0]) == b"\x01" * PAGE  # key 1's page, not the late key 0 reply
         assert backend.link_stats().timeouts == 1
+    finally:
+        backend.close()
+
+
+def test_a_frame_larger_than_any_valid_reply_is_refused(peer: Peer) -> None:
+    small = encode_page(key(0), b"\x03" * PAGE)
+    huge = encode_page(key(0), bytes(8 << 20))  # 8 MiB: over this client's frame bound
+    peer.script[0] = answer_get(lambda k: huge)
+    backend = remote(peer.endpoint, max_page_bytes=PAGE)
+    try:
+        assert backend.get([key(0)], [memoryview(bytearray(PAGE))]) == [False]
+        assert backend.link_stats().timeouts == 1  # the connection was dropped, not read
+        peer.script[0] = answer_get(lambda k: small)
+        assert backend.get([key(0)], [memoryview(bytearray(PAGE))]) == [True]
     finally:
         backend.close()
