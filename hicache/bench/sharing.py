@@ -72,11 +72,18 @@ def split(
     longdoc/fewshot: a "client" is a document, so its questions alternate.
     """
     if workload == "multiturn":
-        return [
+        halves = [
             [r for r in trace if (r.conversation // system_prompts) % ENGINES == e]
             for e in range(ENGINES)
         ]
-    return [trace[e::ENGINES] for e in range(ENGINES)]
+    else:
+        halves = [trace[e::ENGINES] for e in range(ENGINES)]
+    if not all(halves):
+        raise ValueError(
+            f"--engines {ENGINES} needs clients for every engine: at least "
+            f"{ENGINES * system_prompts} for multiturn (whole blocks of {system_prompts})"
+        )
+    return halves
 
 
 def _engine_process(

@@ -10,6 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from hicache.bench.sharing import split
+from hicache.bench.tiering import build_trace
 from hicache.cli import main
 
 SMALL = """
@@ -64,3 +68,14 @@ def test_two_engines_reuse_each_other_only_through_the_daemon(tmp_path: Path) ->
     # Engine 0 starts alone in both runs; engine 1 gains from engine 0's system prompts.
     assert shared["hit_rate_by_engine"][1] > own["hit_rate_by_engine"][1]
     assert shared["hit_rate_by_tier"]["storage"] > 0
+
+
+def test_split_gives_each_engine_half_the_clients_and_every_system_prompt() -> None:
+    trace = build_trace("multiturn", 32, 2, 0)
+    halves = split(trace, "multiturn", 8)
+    convs = [{r.conversation for r in half} for half in halves]
+    assert len(convs[0]) == len(convs[1]) == 16 and not convs[0] & convs[1]
+    assert all({c % 8 for c in half} == set(range(8)) for half in convs)
+    assert sorted(map(id, halves[0] + halves[1])) == sorted(map(id, trace))
+    with pytest.raises(ValueError, match="at least 16"):
+        split(build_trace("multiturn", 8, 1, 0), "multiturn", 8)
