@@ -28,6 +28,7 @@ from hicache.cli_common import (
     verbose_parent,
 )
 from hicache.config import parse_override
+from hicache.daemon.cli import add_parsers as add_daemon_parsers
 from storage_backends import StorageError
 
 # Sub-command name -> module exposing ``add_arguments(parser)`` (its docstring
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(module_name)
         module.add_arguments(add_command(sub, name, module.__doc__))
+    add_daemon_parsers(sub)  # serve, keygen, stats: they set ``daemon_run``
     return parser
 
 
@@ -65,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _logging(getattr(args, "verbose", False))
+    if hasattr(args, "daemon_run"):
+        return int(args.daemon_run(args))
     try:
         args = _prepare(parser, argv, args)
     except (ValueError, OSError) as e:

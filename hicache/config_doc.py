@@ -50,8 +50,15 @@ MEANINGS: dict[str, str] = {
     "storage.fingerprint": "set by the cache (the model fingerprint); leave empty",
     "storage.allow_fingerprint_mismatch": "open a store written for another model anyway",
     "storage.sync": "flush each write batch to disk (LMDB sync, file fsync before rename)",
-    "storage.endpoint": "network store: `redis://host:port[,host:port…]`, `mooncake://host:port`",
+    "storage.endpoint": (
+        "network store: `redis://host:port[,…]`, `mooncake://host:port`, "
+        "or the daemon's `tcp://HOST:PORT` / `ipc://PATH` (`remote`)"
+    ),
     "storage.key_prefix": "redis, mooncake: first part of every key (fleets sharing a store)",
+    "storage.curve_client_key": "`remote` with CURVE: this engine's `.key_secret` file",
+    "storage.curve_server_key": "`remote` with CURVE: the daemon's public key file",
+    "storage.breaker_failures": "`remote`: failed requests in a row before calls fail fast",
+    "storage.breaker_cooldown_s": "`remote`: fail-fast period (doubles up to 8× while down)",
     "policy.eviction": "which unlocked device leaf goes first",
     "policy.write_policy": "when device pages are backed up to host",
     "policy.write_through_threshold": "hits before a selective backup",

@@ -6,7 +6,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-BACKENDS = ("none", "memory", "lmdb", "file", "redis", "mooncake")
+from storage_backends.builtins import BUILTIN_BACKENDS
+
+BACKENDS = ("none", *BUILTIN_BACKENDS)
+ENDPOINT_SCHEMES = ("tcp://", "ipc://")
 
 
 @dataclass(frozen=True)
@@ -31,11 +34,21 @@ class StorageConfig:
     # Flush each write batch to disk (LMDB commit, file rename). False is faster; a process
     # crash still loses nothing, but an OS crash may lose (LMDB: damage) recent batches.
     sync: bool = True
-    # Network backends: where the store is, e.g. "redis://host:port[,host:port...]" (redis),
-    # "mooncake://master-host:port[?metadata=...]" (mooncake).
+    # Network backends: where the store is: "redis://host:port[,host:port...]" (redis),
+    # "mooncake://master-host:port[?metadata=...]" (mooncake), "tcp://host:port" or
+    # "ipc://path" (remote: the daemon).
     endpoint: str = ""
     # redis, mooncake: first part of every key, so that fleets (or bench runs) share a store.
     key_prefix: str = "hicache"
+    # remote: CURVE is on when both key files are set (a client certificate with its
+    # secret key, and the daemon's public certificate, as ``hicache keygen`` writes
+    # them). Breaker: after ``breaker_failures`` failed requests in a row, calls fail
+    # fast for ``breaker_cooldown_s`` (doubling while the daemon stays away, up to 8×)
+    # instead of each waiting.
+    curve_client_key: str = ""
+    curve_server_key: str = ""
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not _known_backend(self.backend):
@@ -65,6 +78,25 @@ class StorageConfig:
             raise ValueError(f"storage.timeout_s must be > 0, got {self.timeout_s}")
         if self.max_page_bytes < 1:
             raise ValueError(f"storage.max_page_bytes must be >= 1, got {self.max_page_bytes}")
+        if self.backend == "remote":
+            self._check_remote()
+
+    def _check_remote(self) -> None:
+        if not self.endpoint.startswith(ENDPOINT_SCHEMES):
+            raise ValueError(
+                f"storage.endpoint must start with one of {ENDPOINT_SCHEMES} for the 'remote' "
+                f"backend, got {self.endpoint!r}"
+            )
+        if bool(self.curve_client_key) != bool(self.curve_server_key):
+            raise ValueError(
+                "storage.curve_client_key and storage.curve_server_key must be set together"
+            )
+        if self.breaker_failures < 1:
+            raise ValueError(f"storage.breaker_failures must be >= 1, got {self.breaker_failures}")
+        if self.breaker_cooldown_s <= 0:
+            raise ValueError(
+                f"storage.breaker_cooldown_s must be > 0, got {self.breaker_cooldown_s}"
+            )
 
     @property
     def enabled(self) -> bool:

@@ -231,11 +231,34 @@ class LmdbBackend:
                 hits[i] = verdict is Verdict.OK
                 if verdict.corrupt:
                     damaged.append(key)
+        self._finish_read(keys, hits, damaged)
+        return hits
+
+    def read(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Verified payloads of ``keys`` (copies), None for a miss: for readers that do not
+        know the page sizes (the daemon). Recency, counters and damage as in ``get``."""
+        self._check_open()
+        check_keys(keys)
+        pages: list[bytes | None] = [None] * len(keys)
+        damaged: list[bytes] = []
+        with self._env.begin(db=self._dbs.pages, buffers=True) as txn:
+            for i, key in enumerate(keys):
+                blob = txn.get(key)
+                if blob is None:
+                    continue
+                verdict = validate(blob, key, None)
+                if verdict is Verdict.OK:
+                    pages[i] = bytes(blob[HEADER_BYTES:])
+                elif verdict.corrupt:
+                    damaged.append(key)
+        self._finish_read(keys, [page is not None for page in pages], damaged)
+        return pages
+
+    def _finish_read(self, keys: Sequence[bytes], hits: list[bool], damaged: list[bytes]) -> None:
         corrupt = self._drop_damaged(damaged) if damaged else 0
         n_hits = sum(hits)
         self._counters.record_get(n_hits, len(keys) - n_hits, corrupt)
         self._touch([key for key, hit in zip(keys, hits, strict=True) if hit])
-        return hits
 
     def _drop_damaged(self, keys: list[bytes]) -> int:
         """Delete pages found damaged (re-checked under the write lock); return how many."""

@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from types import MappingProxyType
 
 from storage_backends.base import StorageBackend
+from storage_backends.builtins import BUILTIN_BACKENDS
 from storage_backends.config import StorageConfig
 from storage_backends.plugins import entry_point_names, load_factory
 
-# "module:class"; every backend class is constructed as Cls(config).
-FACTORIES: MappingProxyType[str, str] = MappingProxyType(
-    {
-        "memory": "storage_backends.memory:MemoryBackend",
-        "lmdb": "storage_backends.lmdb_backend:LmdbBackend",
-        "file": "storage_backends.file_backend:FileBackend",
-        "redis": "storage_backends.redis_backend:RedisBackend",
-        "mooncake": "storage_backends.mooncake_backend:MooncakeBackend",
-    }
-)
+FACTORIES = BUILTIN_BACKENDS  # the built-in names; see storage_backends.builtins
 
 
 def create(name: str, config: StorageConfig) -> StorageBackend:

@@ -78,6 +78,7 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
                 "policy.load_back_threshold",
             ),
         ),
+        "daemon": Benchmark("hicache.bench.daemon", reads=()),
     }
 )
 

@@ -97,6 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rounds", type=int, default=6, help="turns / questions / queries")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
+    parser.add_argument(
+        "--engines", type=int, choices=(1, 2), default=1, help="2: add own-LMDB vs shared-daemon"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="report folder")
     parser.add_argument("--json", type=Path, default=None, help="default: OUT/tiering.json")
     parser.add_argument("--plot", type=Path, default=None, help="default: OUT/tiering.png")
@@ -310,6 +313,10 @@ def run(args: argparse.Namespace) -> int:
         "config": asdict(config),
         "configs": [asdict(r) for r in reports],
     }
+    if args.engines > 1:
+        from hicache.bench.sharing import report_sharing
+
+        payload["engines"] = report_sharing(config, trace, args.workload)
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
     from hicache.bench.tiering_plot import plot
 

@@ -1,0 +1,1 @@
+"""The cache daemon: ``hicache serve`` shares one store between engine processes over ZeroMQ."""

@@ -1,0 +1,7 @@
+"""``python -m hicache.daemon``: see ``hicache.daemon.cli.main``."""
+
+import sys
+
+from hicache.daemon.cli import main
+
+sys.exit(main())

@@ -1,0 +1,201 @@
+"""Daemon configuration (``configs/daemon.toml``): frozen dataclasses validated on construction.
+
+Sections: ``[server]``, ``[store]``, ``[limits]`` (the protocol's ``Limits``),
+``[metrics]`` and ``[auth]`` with ``[[auth.tenants]]``. Every check raises
+ValueError naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from hicache.daemon.protocol import Limits
+
+_TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _check(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+        raise ValueError(f"{key}: {msg}")
+
+
+def is_loopback(endpoint: str) -> bool:
+    """Whether ``endpoint`` can only be reached from this machine (loopback tcp, ipc)."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    return urlsplit(endpoint).hostname in _LOOPBACK_HOSTS
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The socket. Port 0 lets the OS pick; ``ready_file`` receives the bound endpoint (JSON)."""
+
+    endpoint: str = "tcp://127.0.0.1:5557"
+    allow_remote: bool = False  # bind beyond loopback without CURVE (logged as a warning)
+    max_inflight_requests: int = 1024
+    max_inflight_bytes: int = 2 << 30
+    ready_file: str = ""
+    shutdown_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.endpoint)
+        ok = parts.scheme == "ipc" or (parts.scheme == "tcp" and parts.hostname is not None)
+        _check(ok, "server.endpoint", f"must be tcp://HOST:PORT or ipc://PATH: {self.endpoint!r}")
+        if parts.scheme == "tcp":
+            try:
+                port = parts.port
+            except ValueError:
+                port = None
+            _check(port is not None, "server.endpoint", f"needs a port 0..65535: {self.endpoint}")
+        _check(self.max_inflight_requests >= 1, "server.max_inflight_requests", "must be >= 1")
+        _check(self.max_inflight_bytes >= 1, "server.max_inflight_bytes", "must be >= 1")
+        _check(self.shutdown_timeout_s > 0, "server.shutdown_timeout_s", "must be > 0")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """The LMDB store (``path``, ``max_bytes``) and the memory LRU in front of it."""
+
+    path: str = ".hicache/daemon-store"
+    max_bytes: int = 8 << 30
+    memory_bytes: int = 1 << 30
+    sync: bool = True  # fsync each group commit (an acknowledged page survives an OS crash)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.path), "store.path", "must not be empty")
+        _check(self.max_bytes >= 1, "store.max_bytes", "must be >= 1")
+        _check(self.memory_bytes >= 0, "store.memory_bytes", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The Prometheus endpoint: port -1 disables it, 0 lets the OS pick."""
+
+    host: str = "127.0.0.1"
+    port: int = -1
+
+    def __post_init__(self) -> None:
+        _check(-1 <= self.port <= 65535, "metrics.port", f"must be -1..65535, got {self.port}")
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """One allowed client: ``public_key`` is a z85 key (40 chars) or a key file from keygen."""
+
+    name: str
+    public_key: str
+
+    def __post_init__(self) -> None:
+        _check(
+            bool(_TENANT_NAME.fullmatch(self.name)),
+            "auth.tenants.name",
+            f"must match {_TENANT_NAME.pattern}, got {self.name!r}",
+        )
+        _check(bool(self.public_key), "auth.tenants.public_key", "must not be empty")
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """CURVE authentication; each client key maps to a tenant whose pages only it sees."""
+
+    curve: bool = False
+    server_secret_key: str = ""  # key file written by ``hicache keygen``
+    tenants: tuple[TenantConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.curve:
+            return
+        _check(bool(self.server_secret_key), "auth.server_secret_key", "required with curve")
+        _check(bool(self.tenants), "auth.tenants", "at least one tenant is required with curve")
+        names = [t.name for t in self.tenants]
+        keys = [t.public_key for t in self.tenants]
+        _check(len(set(names)) == len(names), "auth.tenants", "tenant names must be unique")
+        _check(len(set(keys)) == len(keys), "auth.tenants", "public keys must be unique")
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    limits: Limits = field(default_factory=Limits)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+
+    def __post_init__(self) -> None:
+        remote_ok = self.auth.curve or self.server.allow_remote
+        _check(
+            remote_ok or is_loopback(self.server.endpoint),
+            "server.endpoint",
+            f"{self.server.endpoint} is not loopback: enable auth.curve or server.allow_remote",
+        )
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> DaemonConfig:
+        """Load ``path``; ValueError (naming file and key) for bad content, OSError if
+        unreadable."""
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}: invalid TOML: {e}") from None
+        try:
+            return cls.from_mapping(data)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, object]) -> DaemonConfig:
+        return _build(cls, data, "")
+
+    def with_overrides(self, **sections: Mapping[str, object]) -> DaemonConfig:
+        """A copy with fields replaced, e.g. ``with_overrides(store={"path": p})`` (validated)."""
+        changes = {
+            name: dataclasses.replace(getattr(self, name), **values)
+            for name, values in sections.items()
+            if values
+        }
+        return dataclasses.replace(self, **changes)
+
+
+def _build(cls: type, table: Mapping[str, object], prefix: str) -> typing.Any:
+    """Construct dataclass ``cls`` from a TOML table, checking names and scalar types."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - names)
+    _check(
+        not unknown,
+        f"{prefix}{unknown[0] if unknown else ''}",
+        f"unknown key; known: {sorted(names)}",
+    )
+    kwargs: dict[str, object] = {}
+    for name, value in table.items():
+        kind, key = hints[name], f"{prefix}{name}"
+        if dataclasses.is_dataclass(kind):
+            _check(isinstance(value, Mapping), key, "must be a table")
+            kwargs[name] = _build(kind, value, f"{key}.")  # type: ignore[arg-type]
+        elif typing.get_origin(kind) is tuple:
+            if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+                raise ValueError(f"{key}: must be an array of tables")
+            item = typing.get_args(kind)[0]
+            kwargs[name] = tuple(_build(item, v, f"{key}.") for v in value)
+        else:
+            kwargs[name] = _scalar(value, kind, key)
+    return cls(**kwargs)
+
+
+def _scalar(value: object, kind: type, key: str) -> object:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    wrong_bool = isinstance(value, bool) and kind is not bool
+    _check(
+        isinstance(value, kind) and not wrong_bool, key, f"expected {kind.__name__}, got {value!r}"
+    )
+    return value

@@ -1,0 +1,126 @@
+"""DaemonMetrics: the daemon's Prometheus metrics (own registry) and the STATS reply."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hicache.daemon.protocol import ErrorCode, Op, StatValue
+from hicache.daemon.store import StoreSize
+from hicache.daemon.writer import WriterStats
+
+_PREFIX = "hicache_daemon"
+# Loopback round trips are tens of microseconds; group commits with fsync reach milliseconds.
+_LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 2.0)
+
+
+class _SizeCollector(Collector):
+    """Memory and store sizes plus the store's and writer's own counters, read at scrape time."""
+
+    def __init__(self, size: Callable[[], StoreSize], writer: Callable[[], WriterStats]) -> None:
+        self._size = size
+        self._writer = writer
+
+    def collect(self) -> Iterator[Metric]:
+        writer, size = self._writer(), self._size()
+        for name, help_text, value in (
+            ("commits", "LMDB write transactions of PUTs (group commits)", writer.commits),
+            ("committed_put_requests", "PUT requests in those commits", writer.committed_requests),
+            ("writer_failures", "write batches that raised (answered INTERNAL)", writer.failures),
+            ("corrupt_pages", "stored pages found damaged and dropped", size.store_corrupt),
+            ("put_failures", "pages the store could not write", size.store_put_failures),
+        ):
+            yield _counter(name, help_text, value)
+        for tier, entries, used in (
+            ("memory", size.memory_entries, size.memory_bytes),
+            ("store", size.store_entries, size.store_bytes),
+        ):
+            yield _gauge(f"{tier}_pages", f"pages held in the {tier} tier", entries)
+            yield _gauge(f"{tier}_used_bytes", f"bytes held in the {tier} tier", used)
+        evictions = CounterMetricFamily(
+            f"{_PREFIX}_evictions", "pages evicted for capacity", labels=["tier"]
+        )
+        evictions.add_metric(["memory"], size.memory_evictions)
+        evictions.add_metric(["store"], size.store_evictions)
+        yield evictions
+
+
+def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
+    counter = CounterMetricFamily(f"{_PREFIX}_{name}", help_text)
+    counter.add_metric([], value)
+    return counter
+
+
+def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    gauge = GaugeMetricFamily(f"{_PREFIX}_{name}", help_text)
+    gauge.add_metric([], value)
+    return gauge
+
+
+class DaemonMetrics:
+    """Counters, gauges and latency histograms of one daemon. Thread-safe (prometheus_client).
+
+    ``serve_http`` starts the scrape endpoint; ``snapshot`` flattens every sample
+    (histogram buckets left out) for the STATS reply.
+    """
+
+    def __init__(self, size: Callable[[], StoreSize], writer: Callable[[], WriterStats]) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.requests = Counter(f"{_PREFIX}_requests", "requests answered", ["op"], registry=reg)
+        self.errors = Counter(f"{_PREFIX}_errors", "error replies by code", ["code"], registry=reg)
+        self.lookups = Counter(
+            f"{_PREFIX}_lookups",
+            "GET keys by result (hit, miss) and tier that served the hit",
+            ["result", "tier"],
+            registry=reg,
+        )
+        self.received = Counter(
+            f"{_PREFIX}_received_bytes", "bytes of requests received", registry=reg
+        )
+        self.sent = Counter(f"{_PREFIX}_sent_bytes", "bytes of replies sent", registry=reg)
+        self.in_flight = Gauge(
+            f"{_PREFIX}_in_flight_requests", "writes waiting for their commit", registry=reg
+        )
+        self.latency = Histogram(
+            f"{_PREFIX}_request_duration_seconds",
+            "time from receiving a request to sending its reply",
+            ["op"],
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        reg.register(_SizeCollector(size, writer))
+        for op in Op:  # every label present from the start, so dashboards see zeros
+            self.requests.labels(op=op.value)
+        for code in ErrorCode:
+            self.errors.labels(code=code.value)
+        self._http: tuple[object, threading.Thread] | None = None
+
+    def serve_http(self, host: str, port: int) -> int:
+        """Start the scrape endpoint; return its port (``port`` 0: OS-picked)."""
+        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        self._http = (server, thread)
+        return int(server.server_port)
+
+    def snapshot(self) -> dict[str, StatValue]:
+        """Every sample as ``name{label="value"}`` → value, histogram buckets left out."""
+        stats: dict[str, StatValue] = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name.endswith(("_bucket", "_created")):
+                    continue
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                stats[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+        return stats
+
+    def close(self) -> None:
+        if self._http is not None:
+            server, thread = self._http
+            server.shutdown()  # type: ignore[attr-defined]
+            server.server_close()  # type: ignore[attr-defined]
+            thread.join(timeout=5)
+            self._http = None

@@ -1,0 +1,332 @@
+"""DaemonServer: the ROUTER socket loop of ``hicache serve``.
+
+One thread owns the socket: it decodes each request, answers reads (PING,
+STATS, EXISTS, GET) at once from the store, and hands writes (PUT, DELETE) to
+the writer thread, replying when their commit is done. Every failure becomes an
+error reply; nothing a client sends can stop the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import NamedTuple
+
+import zmq
+
+from hicache.daemon.auth import DEFAULT_TENANT, CurveAuth
+from hicache.daemon.config import DaemonConfig, is_loopback
+from hicache.daemon.metrics import DaemonMetrics
+from hicache.daemon.protocol import (
+    DeleteReply,
+    ErrorCode,
+    ErrorReply,
+    ExistsReply,
+    GetReply,
+    Op,
+    PingReply,
+    ProtocolError,
+    PutReply,
+    Reply,
+    Request,
+    StatsReply,
+    decode_request,
+    encode_reply,
+)
+from hicache.daemon.store import DaemonStore, check_record, scoped_key
+from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
+from storage_backends.page_format import Verdict
+
+logger = logging.getLogger(__name__)
+
+_POLL_MS = 100
+_RECV_BATCH = 256  # messages taken per wake-up before the writer's completions are sent
+_LINGER_MS = 2000  # time the socket keeps trying to deliver the last replies on close
+
+
+def server_version() -> str:
+    try:
+        return f"hicache {version('hicache')}"
+    except PackageNotFoundError:
+        return "hicache (not installed)"
+
+
+class Bound(NamedTuple):
+    """Where a started daemon listens (written to ``server.ready_file`` as JSON)."""
+
+    endpoint: str
+    metrics_port: int | None
+    pid: int
+
+
+class _Pending(NamedTuple):
+    """What the loop needs to answer a write once the writer is done."""
+
+    identity: zmq.Frame
+    request: Request
+    start: float
+    nbytes: int
+
+
+def _bind_address(endpoint: str) -> str:
+    # ZeroMQ spells "any free port" as '*'.
+    return endpoint[:-2] + ":*" if endpoint.endswith(":0") else endpoint
+
+
+class DaemonServer:
+    """Owns the socket, store, writer, metrics and (with CURVE) the authenticator.
+
+    ``start`` binds and returns where (zmq.ZMQError/OSError if it cannot);
+    ``serve`` runs the loop on the calling thread until ``stop`` (thread- and
+    signal-safe) and then calls ``close``: no new requests are read, queued
+    writes are committed and answered, the store is flushed and closed.
+    Construction raises ValueError (key files) or StorageOpenError (store).
+    """
+
+    def __init__(self, config: DaemonConfig) -> None:
+        self._config = config
+        self._limits = config.limits
+        self._stopping = threading.Event()
+        self._closed = False
+        self._context = zmq.Context()
+        self._auth: CurveAuth | None = None
+        try:
+            self._auth = CurveAuth(self._context, config.auth) if config.auth.curve else None
+            self._store = DaemonStore(config.store, config.limits.max_page_bytes)
+        except BaseException:
+            if self._auth is not None:
+                self._auth.stop()
+            self._context.term()
+            raise
+        self._metrics = DaemonMetrics(self._store.size, self._writer_stats)
+        self._router = self._context.socket(zmq.ROUTER)
+        self._wake_in = self._context.socket(zmq.PULL)
+        self._wake_out = self._context.socket(zmq.PUSH)
+        self._writer: Writer | None = None
+        self._in_flight = 0
+        self._in_flight_bytes = 0
+        self._server = server_version()
+
+    def _writer_stats(self) -> WriterStats:
+        return self._writer.stats() if self._writer is not None else WriterStats(0, 0, 0)
+
+    def start(self) -> Bound:
+        """Bind the socket (and metrics port), start the writer, write the ready file."""
+        self._configure_router()
+        self._router.bind(_bind_address(self._config.server.endpoint))
+        endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        wake = f"inproc://hicache-daemon-wake-{id(self)}"
+        self._wake_in.bind(wake)
+        self._wake_out.connect(wake)
+        self._writer = Writer(self._store, self._wake)
+        metrics = self._config.metrics
+        port = self._metrics.serve_http(metrics.host, metrics.port) if metrics.port >= 0 else None
+        bound = Bound(endpoint, port, os.getpid())
+        if self._auth is None and not is_loopback(endpoint):
+            logger.warning("listening on %s without CURVE: any client that reaches it", endpoint)
+        # hicache.bench.processes reads the endpoint from this line: keep its wording.
+        logger.info("hicache daemon listening on %s (metrics port %s)", endpoint, port)
+        if self._config.server.ready_file:
+            _write_ready_file(Path(self._config.server.ready_file), bound)
+        return bound
+
+    def _configure_router(self) -> None:
+        sock = self._router
+        # A frame this far past the limits is not answered: the peer is dropped instead,
+        # so no single frame can make the daemon buffer more than this.
+        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self._limits.max_frame_bytes + 4096)
+        sock.setsockopt(zmq.RCVHWM, self._config.server.max_inflight_requests)
+        sock.setsockopt(zmq.LINGER, _LINGER_MS)
+        if self._auth is not None:
+            self._auth.secure(sock)
+
+    def _wake(self) -> None:
+        # Runs on the writer thread, the only user of _wake_out.
+        # zmq.Again: wake-ups already queued; the loop drains all completions at once.
+        with contextlib.suppress(zmq.Again):
+            self._wake_out.send(b"", zmq.NOBLOCK)
+
+    def stop(self) -> None:
+        """Ask the loop to finish (safe from signal handlers and other threads)."""
+        self._stopping.set()
+
+    def serve(self) -> bool:
+        """Run until ``stop``; then shut down. Returns False if writes could not be finished."""
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wake_in, zmq.POLLIN)
+        while not self._stopping.is_set():
+            events = dict(poller.poll(_POLL_MS))
+            if self._wake_in in events:
+                self._deliver_writes()
+            if self._router in events:
+                self._receive()
+        return self.close()
+
+    def _receive(self) -> None:
+        for _ in range(_RECV_BATCH):
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._handle(frames)
+
+    def _handle(self, frames: Sequence[zmq.Frame]) -> None:
+        identity, body = frames[0], frames[1:]
+        start = time.perf_counter()
+        nbytes = sum(len(frame) for frame in body)
+        self._metrics.received.inc(nbytes)
+        request: Request | None = None
+        try:
+            request = decode_request([frame.buffer for frame in body], self._limits)
+            tenant = self._tenant(body[0])
+            reply = self._dispatch(identity, request, tenant, start, nbytes)
+        except ProtocolError as exc:
+            request_id = request.id if request is not None else exc.request_id
+            reply = ErrorReply(request_id, exc.code, exc.message)
+        except Exception as exc:  # a bug or a store failure must not end the loop
+            logger.exception("request failed")
+            request_id = request.id if request is not None else None
+            reply = ErrorReply(request_id, ErrorCode.INTERNAL, f"{exc!r:.200}")
+        if reply is not None:
+            self._send(identity, reply, start, request.op if request is not None else None)
+
+    def _tenant(self, header: zmq.Frame) -> str:
+        if self._auth is None:
+            return DEFAULT_TENANT
+        try:
+            user_id = header.get("User-Id")
+        except zmq.ZMQError:
+            user_id = None
+        tenant = self._auth.tenant_of(user_id if isinstance(user_id, str) else None)
+        if tenant is None:
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, "client key is not mapped to a tenant")
+        return tenant
+
+    def _dispatch(
+        self, identity: zmq.Frame, request: Request, tenant: str, start: float, nbytes: int
+    ) -> Reply | None:
+        """The reply to a read, or None once a write is queued (answered on commit)."""
+        keys = tuple(scoped_key(tenant, key) for key in request.keys)
+        if request.op is Op.PING:
+            return PingReply(request.id, self._server)
+        if request.op is Op.STATS:
+            return StatsReply(request.id, self._metrics.snapshot())
+        if request.op is Op.EXISTS:
+            return ExistsReply(request.id, self._store.exists(keys))
+        if request.op is Op.GET:
+            return self._get(request, keys)
+        self._admit_write(request, nbytes)
+        assert self._writer is not None
+        self._writer.submit(
+            WriteJob(request.op, keys, request.pages, _Pending(identity, request, start, nbytes))
+        )
+        self._in_flight += 1
+        self._in_flight_bytes += nbytes
+        self._metrics.in_flight.set(self._in_flight)
+        return None
+
+    def _get(self, request: Request, keys: tuple[bytes, ...]) -> GetReply:
+        # Replies are capped like requests, so a GET of many large pages cannot pile up memory.
+        lookup = self._store.get(keys, request.keys, self._limits.max_request_bytes)
+        pages = tuple(record for record in lookup.records if record is not None)
+        misses = len(keys) - len(pages)
+        self._metrics.lookups.labels(result="hit", tier="memory").inc(lookup.memory_hits)
+        self._metrics.lookups.labels(result="hit", tier="store").inc(lookup.store_hits)
+        self._metrics.lookups.labels(result="miss", tier="none").inc(misses)
+        found = tuple(record is not None for record in lookup.records)
+        return GetReply(request.id, found, pages)
+
+    def _admit_write(self, request: Request, nbytes: int) -> None:
+        """BUSY over the in-flight bounds; MALFORMED for a page record that fails its check."""
+        server = self._config.server
+        if (
+            self._in_flight >= server.max_inflight_requests
+            or self._in_flight_bytes + nbytes > server.max_inflight_bytes
+        ):
+            raise ProtocolError(ErrorCode.BUSY, "too many writes in flight; retry later")
+        if request.op is not Op.PUT:
+            return
+        for i, (key, record) in enumerate(zip(request.keys, request.pages, strict=True)):
+            verdict = check_record(record, key)
+            if verdict is not Verdict.OK:
+                raise ProtocolError(
+                    ErrorCode.MALFORMED, f"page record {i} fails its check: {verdict.value}"
+                )
+
+    def _deliver_writes(self) -> None:
+        while True:
+            try:
+                self._wake_in.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        assert self._writer is not None
+        for done in self._writer.take_done():
+            self._finish_write(done)
+
+    def _finish_write(self, done: WriteDone) -> None:
+        pending = done.job.token
+        assert isinstance(pending, _Pending)
+        self._in_flight -= 1
+        self._in_flight_bytes -= pending.nbytes
+        self._metrics.in_flight.set(self._in_flight)
+        request = pending.request
+        reply: Reply
+        if done.error:
+            reply = ErrorReply(request.id, ErrorCode.INTERNAL, done.error)
+        elif request.op is Op.PUT:
+            reply = PutReply(request.id, done.stored)
+        else:
+            reply = DeleteReply(request.id, done.deleted)
+        self._send(pending.identity, reply, pending.start, request.op)
+
+    def _send(self, identity: zmq.Frame, reply: Reply, start: float, op: Op | None) -> None:
+        frames = encode_reply(reply)
+        if isinstance(reply, ErrorReply):
+            self._metrics.errors.labels(code=reply.code.value).inc()
+        if op is not None:
+            self._metrics.requests.labels(op=op.value).inc()
+            self._metrics.latency.labels(op=op.value).observe(time.perf_counter() - start)
+        self._metrics.sent.inc(sum(len(frame) for frame in frames))
+        try:
+            self._router.send_multipart([identity, *frames], copy=False)
+        except zmq.ZMQError as exc:
+            logger.debug("reply not sent: %s", exc)
+
+    def close(self) -> bool:
+        """Finish and answer queued writes, then close everything (idempotent; call it
+        directly only if ``serve`` never ran). False if the writes did not finish in time."""
+        if self._closed:
+            return True
+        self._closed = True
+        logger.info("stopping: answering %d writes in flight", self._in_flight)
+        finished = True
+        if self._writer is not None:
+            finished = self._writer.close(self._config.server.shutdown_timeout_s)
+            for done in self._writer.take_done():
+                self._finish_write(done)
+        self._wake_in.close(linger=0)
+        self._wake_out.close(linger=0)
+        self._router.close(linger=_LINGER_MS)
+        if self._auth is not None:
+            self._auth.stop()
+        self._metrics.close()
+        if finished:
+            self._store.close()
+        else:
+            logger.error("writer did not finish within the shutdown timeout")
+        self._context.term()
+        return finished
+
+
+def _write_ready_file(path: Path, bound: Bound) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(bound._asdict()))
+    os.replace(tmp, path)

@@ -1,0 +1,154 @@
+"""DaemonStore: tenant-scoped page records in a memory LRU in front of an LmdbBackend."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from hicache.daemon.config import StoreConfig
+from hicache.daemon.memory_lru import ByteLRU
+from hicache.daemon.protocol import Frame
+from storage_backends import StorageConfig
+from storage_backends.lmdb_backend import LmdbBackend
+from storage_backends.page_format import HEADER_BYTES, Verdict, check_header, validate
+
+logger = logging.getLogger(__name__)
+
+# GET keys read from LMDB per transaction, so a reply over its byte cap stops reading early.
+_READ_CHUNK = 16
+
+
+def scoped_key(tenant: str, key: bytes) -> bytes:
+    """The store key of ``key`` for ``tenant``: a 32-byte digest, so tenants never collide
+    (tenant names hold no NUL, so ``tenant NUL key`` is unambiguous)."""
+    return hashlib.blake2b(tenant.encode() + b"\0" + key, digest_size=32).digest()
+
+
+class Lookup(NamedTuple):
+    """Records of a GET, None for a miss, with where the hits came from."""
+
+    records: list[Frame | None]
+    memory_hits: int
+    store_hits: int
+
+
+class StoreSize(NamedTuple):
+    memory_entries: int
+    memory_bytes: int
+    memory_evictions: int
+    store_entries: int
+    store_bytes: int
+    store_evictions: int
+    store_corrupt: int
+    store_put_failures: int
+
+
+def _lookup(records: list[Frame | None], from_memory: list[bool]) -> Lookup:
+    memory_hits = sum(r is not None and m for r, m in zip(records, from_memory, strict=True))
+    store_hits = sum(r is not None for r in records) - memory_hits
+    return Lookup(records, memory_hits, store_hits)
+
+
+def check_record(record: Frame, key: bytes) -> Verdict:
+    """Header and checksum of a PUT's page record against the client's key."""
+    return validate(memoryview(record), key, None)
+
+
+class DaemonStore:
+    """Page records (header + payload as the client framed them) by (tenant, key).
+
+    Thread-safety: ``exists``/``get``/``size`` may run on any thread while one
+    writer thread calls ``put``/``delete``; ``close`` once nothing else runs.
+    The LRU caches only committed records. Records are stored in LMDB as the
+    payload of an LMDB page, whose own checksum is verified on every read.
+    Raises what the LmdbBackend raises on open (StorageOpenError).
+    """
+
+    def __init__(self, config: StoreConfig, max_page_bytes: int) -> None:
+        self._memory = ByteLRU(config.memory_bytes)
+        storage = StorageConfig(
+            backend="lmdb",
+            path=config.path,
+            max_bytes=config.max_bytes,
+            max_page_bytes=max_page_bytes,
+            sync=config.sync,
+        )
+        self._lmdb = LmdbBackend(storage)
+
+    def exists(self, keys: Sequence[bytes]) -> int:
+        """How many leading (scoped) keys are present. Mutates nothing."""
+        for count, key in enumerate(keys):
+            if key not in self._memory and not self._lmdb.exists([key]):
+                return count
+        return len(keys)
+
+    def get(self, keys: Sequence[bytes], client_keys: Sequence[bytes], max_bytes: int) -> Lookup:
+        """Records of scoped ``keys``; store hits are checked and then cached in memory.
+
+        The records returned add up to at most ``max_bytes``: from the first key
+        that would exceed it, every later key is reported as a miss (and not read).
+        """
+        records: list[Frame | None] = [self._memory.get(key) for key in keys]
+        from_memory = [record is not None for record in records]
+        generation = self._memory.generation
+        used = 0
+        for start in range(0, len(keys), _READ_CHUNK):
+            chunk = range(start, min(start + _READ_CHUNK, len(keys)))
+            missing = [i for i in chunk if records[i] is None]
+            stored = self._lmdb.read([keys[i] for i in missing]) if missing else []
+            for i, record in zip(missing, stored, strict=True):
+                if record is not None and self._intact(record, client_keys[i]):
+                    records[i] = record
+                    self._memory.put(keys[i], record, generation)
+            for i in chunk:
+                used += len(records[i] or b"")
+                if used > max_bytes:
+                    records[i:] = [None] * (len(keys) - i)
+                    return _lookup(records, from_memory)
+        return _lookup(records, from_memory)
+
+    @staticmethod
+    def _intact(record: bytes, client_key: bytes) -> bool:
+        # The LMDB checksum covered these bytes; this only rechecks the client's header.
+        verdict = check_header(record, client_key, len(record) - HEADER_BYTES, None)
+        if verdict is not Verdict.OK:
+            logger.warning("stored record does not match its key (%s); reported a miss", verdict)
+        return verdict is Verdict.OK
+
+    def put(self, keys: Sequence[bytes], records: Sequence[Frame]) -> list[bool]:
+        """Commit records (one LMDB transaction), then cache them; per-key success."""
+        views = [memoryview(record) for record in records]
+        # A key already held (or repeated in this batch) keeps its first page, as in LMDB.
+        held = {key for key in keys if key in self._memory or self._lmdb.exists([key]) == 1}
+        stored = self._lmdb.put(keys, views)
+        for key, record, ok in zip(keys, records, stored, strict=True):
+            if ok and key not in held:
+                self._memory.put(key, record)
+                held.add(key)
+        return stored
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Remove scoped keys from both tiers; return how many were present in either."""
+        unique = list(dict.fromkeys(keys))
+        present = [self._memory.pop(key) or self._lmdb.exists([key]) == 1 for key in unique]
+        self._lmdb.delete(unique)
+        return sum(present)
+
+    def size(self) -> StoreSize:
+        memory = self._memory.size()
+        store = self._lmdb.stats()
+        return StoreSize(
+            memory.entries,
+            memory.bytes_used,
+            memory.evictions,
+            store.entries,
+            store.bytes_used,
+            store.evictions,
+            store.corrupt,
+            store.put_failures,
+        )
+
+    def close(self) -> None:
+        self._lmdb.close()

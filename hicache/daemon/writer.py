@@ -1,0 +1,129 @@
+"""Writer: the daemon's one writer thread; PUTs waiting together are committed together."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from hicache.daemon.protocol import Frame, Op
+from hicache.daemon.store import DaemonStore
+
+logger = logging.getLogger(__name__)
+
+
+class WriteJob(NamedTuple):
+    """One PUT or DELETE request; ``token`` is the server's, returned untouched."""
+
+    op: Op
+    keys: tuple[bytes, ...]  # scoped keys
+    records: tuple[Frame, ...]  # PUT only
+    token: object
+
+
+class WriteDone(NamedTuple):
+    """Outcome of one job: ``stored`` (PUT) or ``deleted`` (DELETE), or ``error`` text."""
+
+    job: WriteJob
+    stored: tuple[bool, ...] = ()
+    deleted: int = 0
+    error: str = ""
+
+
+class WriterStats(NamedTuple):
+    commits: int  # store.put calls (one LMDB transaction each)
+    committed_requests: int  # PUT requests they carried (group commit: more than commits)
+    failures: int  # batches that raised
+
+
+class Writer:
+    """Applies jobs in arrival order on its own thread and hands back ``WriteDone`` records.
+
+    ``submit`` and ``take_done`` may be called from any thread; ``notify`` is
+    called (on the writer thread) after each batch of completions. A failing
+    batch becomes error completions and the thread carries on (counted in
+    ``stats``). ``close`` finishes every submitted job first.
+    """
+
+    def __init__(self, store: DaemonStore, notify: Callable[[], None]) -> None:
+        self._store = store
+        self._notify = notify
+        self._jobs: queue.SimpleQueue[WriteJob | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[WriteDone] = queue.SimpleQueue()
+        self._commits = 0
+        self._committed_requests = 0
+        self._failures = 0
+        self._thread = threading.Thread(target=self._run, name="daemon-writer", daemon=True)
+        self._thread.start()
+
+    def stats(self) -> WriterStats:
+        """Counters so far (read without a lock: each is written by the writer thread only)."""
+        return WriterStats(self._commits, self._committed_requests, self._failures)
+
+    def submit(self, job: WriteJob) -> None:
+        self._jobs.put(job)
+
+    def take_done(self) -> list[WriteDone]:
+        done: list[WriteDone] = []
+        while True:
+            try:
+                done.append(self._done.get_nowait())
+            except queue.Empty:
+                return done
+
+    def close(self, timeout_s: float) -> bool:
+        """Finish submitted jobs and stop; False if the thread did not end in time."""
+        self._jobs.put(None)
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            batch, stop = self._next_batch()
+            start = 0
+            while start < len(batch):
+                end = start + 1
+                if batch[start].op is Op.PUT:
+                    while end < len(batch) and batch[end].op is Op.PUT:
+                        end += 1
+                for done in self._apply(batch[start:end]):
+                    self._done.put(done)
+                start = end
+            if batch:
+                self._notify()
+            if stop:
+                return
+
+    def _next_batch(self) -> tuple[list[WriteJob], bool]:
+        """Block for one job, then take every job already waiting (group commit)."""
+        batch: list[WriteJob] = []
+        item = self._jobs.get()
+        while item is not None:
+            batch.append(item)
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                return batch, False
+        return batch, True
+
+    def _apply(self, jobs: Sequence[WriteJob]) -> list[WriteDone]:
+        try:
+            if jobs[0].op is Op.DELETE:
+                return [WriteDone(jobs[0], deleted=self._store.delete(jobs[0].keys))]
+            keys = [key for job in jobs for key in job.keys]
+            records = [record for job in jobs for record in job.records]
+            stored = self._store.put(keys, records)
+            self._commits += 1
+            self._committed_requests += len(jobs)
+        except Exception as exc:  # the thread must outlive any failure; the jobs get INTERNAL
+            logger.exception("write of %d requests failed", len(jobs))
+            self._failures += 1
+            return [WriteDone(job, error=f"write failed: {exc!r:.200}") for job in jobs]
+        out: list[WriteDone] = []
+        offset = 0
+        for job in jobs:
+            out.append(WriteDone(job, stored=tuple(stored[offset : offset + len(job.keys)])))
+            offset += len(job.keys)
+        return out

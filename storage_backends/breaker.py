@@ -1,0 +1,86 @@
+"""A circuit breaker: after repeated failures, fail fast for a while instead of waiting."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+
+
+class BreakerState(enum.Enum):
+    CLOSED = "closed"  # calls go through
+    OPEN = "open"  # calls fail fast until the cool-down ends
+    HALF_OPEN = "half_open"  # one probe call is let through; the others fail fast
+
+
+class CircuitBreaker:
+    """Counts consecutive failures of a remote peer.
+
+    ``failures`` failures in a row open the breaker for ``cooldown_s``; then
+    one caller is let through as a probe. A successful probe closes the
+    breaker; a failed one reopens it with twice the cool-down (up to
+    ``max_cooldown_s``), so a peer that stays away costs one timeout per
+    cool-down, not one per call. Thread-safe; ``clock`` is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        failures: int,
+        cooldown_s: float,
+        max_cooldown_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if failures < 1 or cooldown_s <= 0 or max_cooldown_s < cooldown_s:
+            raise ValueError("need failures >= 1 and 0 < cooldown_s <= max_cooldown_s")
+        self._threshold = failures
+        self._base = cooldown_s
+        self._max = max_cooldown_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state = BreakerState.CLOSED
+        self._consecutive = 0
+        self._cooldown = cooldown_s
+        self._reopen_at = 0.0
+        self._opened = 0
+
+    @property
+    def state(self) -> BreakerState:
+        with self._lock:
+            return self._state
+
+    @property
+    def times_opened(self) -> int:
+        """How often the breaker went from closed to open (probes failing again not counted)."""
+        with self._lock:
+            return self._opened
+
+    def allow(self) -> bool:
+        """Whether a call may go to the peer now; False means fail fast."""
+        with self._lock:
+            if self._state is BreakerState.CLOSED:
+                return True
+            if self._state is BreakerState.OPEN and self._clock() >= self._reopen_at:
+                self._state = BreakerState.HALF_OPEN  # this caller is the probe
+                return True
+            return False
+
+    def record_success(self) -> None:
+        with self._lock:
+            self._state = BreakerState.CLOSED
+            self._consecutive = 0
+            self._cooldown = self._base
+
+    def record_failure(self) -> None:
+        with self._lock:
+            self._consecutive += 1
+            if self._state is BreakerState.HALF_OPEN:
+                self._cooldown = min(self._cooldown * 2, self._max)
+                self._open()
+            elif self._state is BreakerState.CLOSED and self._consecutive >= self._threshold:
+                self._opened += 1
+                self._open()
+
+    def _open(self) -> None:
+        self._state = BreakerState.OPEN
+        self._reopen_at = self._clock() + self._cooldown

@@ -1,0 +1,19 @@
+"""The built-in storage backends by name: the one list that the registry,
+config validation, CLI help and tests read (modules are imported only when a
+backend is created)."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+# "module:class"; every backend class is constructed as Cls(config).
+BUILTIN_BACKENDS: MappingProxyType[str, str] = MappingProxyType(
+    {
+        "memory": "storage_backends.memory:MemoryBackend",
+        "lmdb": "storage_backends.lmdb_backend:LmdbBackend",
+        "file": "storage_backends.file_backend:FileBackend",
+        "redis": "storage_backends.redis_backend:RedisBackend",
+        "mooncake": "storage_backends.mooncake_backend:MooncakeBackend",
+        "remote": "storage_backends.remote:RemoteBackend",
+    }
+)

@@ -1,0 +1,225 @@
+"""Fixtures for the daemon tests: a daemon subprocess on an OS-picked port, raw DEALER clients.
+
+Helpers are handed out through fixtures (not imported), like the storage tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+import zmq
+
+from hicache.daemon.protocol import (
+    Frame,
+    Op,
+    PingReply,
+    Reply,
+    Request,
+    decode_reply,
+    encode_request,
+)
+from storage_backends.page_format import encode_page
+
+_START_TIMEOUT_S = 30.0
+REPLY_TIMEOUT_S = 10.0
+
+
+def page_key(i: int, salt: str = "") -> bytes:
+    return hashlib.sha256(f"{salt}page-{i}".encode()).digest()
+
+
+def page_record(key: bytes, i: int, size: int = 256) -> bytes:
+    """A page record whose payload depends on the key and ``i`` (so mix-ups are visible)."""
+    payload = (key + i.to_bytes(8, "little")) * (size // 40 + 1)
+    return encode_page(key, payload[:size])
+
+
+class Client:
+    """A raw DEALER socket with a helper for one request at a time (or raw frames)."""
+
+    def __init__(self, endpoint: str, curve: tuple[bytes, bytes, bytes] | None = None) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            self.sock.curve_serverkey, self.sock.curve_publickey, self.sock.curve_secretkey = curve
+        self.sock.connect(endpoint)
+        self._next_id = 0
+
+    def raw(
+        self, frames: Sequence[Frame], timeout_s: float = REPLY_TIMEOUT_S
+    ) -> list[bytes] | None:
+        """Send and wait for one reply; None if it cannot be sent or none comes in time (a
+        DEALER whose handshake was refused has no peer to send to)."""
+        if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
+            return None
+        self.sock.send_multipart(list(frames), zmq.NOBLOCK)
+        return self.recv(timeout_s)
+
+    def recv(self, timeout_s: float = REPLY_TIMEOUT_S) -> list[bytes] | None:
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        return self.sock.recv_multipart()
+
+    def call(
+        self,
+        op: Op,
+        keys: Sequence[bytes] = (),
+        pages: Sequence[Frame] = (),
+        timeout_s: float = REPLY_TIMEOUT_S,
+    ) -> Reply | None:
+        self._next_id += 1
+        frames = encode_request(Request(op, self._next_id, tuple(keys), tuple(pages)))
+        reply_frames = self.raw(frames, timeout_s)
+        if reply_frames is None:
+            return None
+        reply = decode_reply(reply_frames, op)
+        assert reply.id == self._next_id
+        return reply
+
+    def put(self, keys: Sequence[bytes], pages: Sequence[Frame]) -> tuple[bool, ...]:
+        reply = self.call(Op.PUT, keys, pages)
+        assert reply is not None and hasattr(reply, "stored"), reply
+        return reply.stored  # type: ignore[union-attr]
+
+    def get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        reply = self.call(Op.GET, keys)
+        assert reply is not None and hasattr(reply, "found"), reply
+        pages = iter(reply.pages)  # type: ignore[union-attr]
+        return [bytes(next(pages)) if hit else None for hit in reply.found]  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class Daemon:
+    """A ``python -m hicache.daemon serve`` subprocess; stopped by PID."""
+
+    def __init__(self, workdir: Path, config: str, log_name: str = "daemon.log") -> None:
+        self.workdir = workdir
+        self.config_path = workdir / "daemon.toml"
+        self.config_path.write_text(config)
+        self.ready_file = workdir / "ready.json"
+        self.ready_file.unlink(missing_ok=True)
+        self.log_path = workdir / log_name
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "hicache.daemon",
+                    "serve",
+                    "--config",
+                    str(self.config_path),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=workdir,
+            )
+        info = self._wait_ready_file()
+        self.endpoint: str = info["endpoint"]
+        self.metrics_port: int | None = info["metrics_port"]
+        assert info["pid"] == self.proc.pid
+
+    def _wait_ready_file(self) -> dict[str, object]:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not self.ready_file.exists():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}: {self.log()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"daemon not bound after {_START_TIMEOUT_S}s: {self.log()}")
+            time.sleep(0.02)  # polling the file the daemon writes once bound, not a readiness wait
+        return json.loads(self.ready_file.read_text())
+
+    def wait_ping(self, client: Client) -> None:
+        """Readiness: a PING reply."""
+        reply = client.call(Op.PING, timeout_s=_START_TIMEOUT_S)
+        assert isinstance(reply, PingReply), reply
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        os.kill(self.proc.pid, signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def kill9(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def daemon_toml(
+    store: Path, extra: str = "", memory_bytes: int = 4 << 20, sync: bool = True
+) -> str:
+    return f"""
+[server]
+endpoint = "tcp://127.0.0.1:0"
+ready_file = "ready.json"
+{extra}
+[store]
+path = "{store}"
+max_bytes = {64 << 20}
+memory_bytes = {memory_bytes}
+sync = {str(sync).lower()}
+"""
+
+
+StartDaemon = Callable[..., Daemon]
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path) -> Iterator[StartDaemon]:
+    """``start_daemon(config_text=None)`` → a bound daemon; every one is killed at teardown."""
+    started: list[Daemon] = []
+
+    def start(config_text: str | None = None) -> Daemon:
+        daemon = Daemon(tmp_path, config_text or daemon_toml(tmp_path / "store"))
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        if daemon.alive():
+            daemon.kill9()
+
+
+@pytest.fixture
+def connect() -> Iterator[Callable[..., Client]]:
+    clients: list[Client] = []
+
+    def make(endpoint: str, curve: tuple[bytes, bytes, bytes] | None = None) -> Client:
+        client = Client(endpoint, curve)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def pages() -> Callable[..., tuple[list[bytes], list[bytes]]]:
+    """``pages(n, salt="", size=256)`` → (keys, records)."""
+
+    def make(n: int, salt: str = "", size: int = 256) -> tuple[list[bytes], list[bytes]]:
+        keys = [page_key(i, salt) for i in range(n)]
+        return keys, [page_record(key, i, size) for i, key in enumerate(keys)]
+
+    return make
