@@ -17,6 +17,7 @@ import heapq
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from device_pool import PagedAllocator
@@ -66,21 +67,27 @@ class Graft(NamedTuple):
 
 class _InsertPlan(NamedTuple):
     pos: int  # request tokens the path already covers
-    to_tree: list[torch.Tensor]  # request slots that become the tree's
-    revive: list[tuple[TreeNode, torch.Tensor]]  # host-only nodes given device slots
-    to_free: list[torch.Tensor]  # request slots duplicating the tree's
+    to_tree: list[np.ndarray]  # request slots that become the tree's
+    revive: list[tuple[TreeNode, np.ndarray]]  # host-only nodes given device slots
+    to_free: list[np.ndarray]  # request slots duplicating the tree's
 
 
-def _opt(t: torch.Tensor | None) -> list[torch.Tensor]:
-    return [] if t is None else [t]
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A CPU int64 slot tensor's numpy view (a copy from another device):
+    numpy's per-call cost is a fraction of torch's on these small arrays."""
+    return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
 
 
-def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat`` that skips the copy for zero or one non-empty part."""
-    parts = [p for p in parts if p.numel()]
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    """``np.concatenate`` that skips the copy for zero or one non-empty part."""
+    parts = [p for p in parts if p.size]
     if len(parts) > 1:
-        return torch.cat(parts)
-    return parts[0] if parts else empty_slots()
+        return np.concatenate(parts)
+    return parts[0] if parts else _EMPTY
+
+
+_EMPTY = np.empty(0, dtype=np.int64)  # never written: numpy views of it are read only
+_EMPTY.flags.writeable = False
 
 
 class ResidencyTree:
@@ -212,13 +219,16 @@ class ResidencyTree:
         to the tree. The insert stops at a failed load (see ``InsertResult``)."""
         path = self.walk(key, namespace)
         stop = next((i for i, n in enumerate(path) if n in self._bad), len(path))
-        plan = self._plan(path[:stop], slots)
-        tail = slots[plan.pos :]
+        arr = _np(slots)
+        plan = self._plan(path[:stop], arr)
+        tail = arr[plan.pos :]
         new = tail if stop == len(path) and plan.pos < len(key) else None
-        to_tree, to_free = list(plan.to_tree), [*plan.to_free, free_after]
+        to_tree, to_free = list(plan.to_tree), [*plan.to_free, _np(free_after)]
+        if new is not None:
+            to_tree.append(new)
         if stop < len(path) and finished:
             to_free.append(self._own_past(path[stop:], tail))
-        self.allocator.commit_request(_cat([*to_tree, *_opt(new)]), _cat(to_free))
+        self.allocator.commit_request(_cat(to_tree), _cat(to_free))
         # Checked and committed: from here on nothing raises.
         prefix_len = sum(len(n.key) for n in path)
         last = self._apply_insert(path[:stop], plan, priority)
@@ -229,12 +239,12 @@ class ResidencyTree:
             )
         added = self.tree.add_child(last, key[plan.pos :], namespace)
         added.last_access, added.priority = self.tree.now(), priority
-        added.device = new.clone()
+        added.device = torch.from_numpy(new.copy())
         self._add_device(added)
         result = InsertResult(prefix_len, added, len(key))
         return InsertOutcome(result, [*[n for n, _ in plan.revive], added], added)
 
-    def _plan(self, path: list[TreeNode], slots: torch.Tensor) -> _InsertPlan:
+    def _plan(self, path: list[TreeNode], slots: np.ndarray) -> _InsertPlan:
         pos, to_tree, revive, to_free = 0, [], [], []
         for node in path:
             seg = slots[pos : pos + len(node.key)]
@@ -242,20 +252,22 @@ class ResidencyTree:
             if node.device is None:
                 revive.append((node, seg))
                 to_tree.append(seg)
-            elif not torch.equal(node.device, seg):  # the usual case: the match's own slots
-                to_free.append(seg[node.device != seg])
+                continue
+            have = _np(node.device)
+            if have.tobytes() != seg.tobytes():  # the usual case: the match's own slots
+                to_free.append(seg[have != seg])
         return _InsertPlan(pos, to_tree, revive, to_free)
 
     @staticmethod
-    def _own_past(nodes: list[TreeNode], slots: torch.Tensor) -> torch.Tensor:
+    def _own_past(nodes: list[TreeNode], slots: np.ndarray) -> np.ndarray:
         """A finished request's slots that ``nodes`` (past a failed load) do not hold."""
         own, pos = [], 0
         for node in nodes:
             part = slots[pos : pos + len(node.key)]
-            own.append(part if node.device is None else part[node.device != part])
+            own.append(part if node.device is None else part[_np(node.device) != part])
             pos += len(node.key)
         own.append(slots[pos:])
-        return torch.cat(own)
+        return np.concatenate(own)
 
     def _apply_insert(
         self,
@@ -268,7 +280,7 @@ class ResidencyTree:
             node.last_access = now
             node.priority = max(node.priority, priority)
         for node, seg in plan.revive:  # a host-only node gets the fresh KV
-            node.device = seg.clone()
+            node.device = torch.from_numpy(seg.copy())
             self._add_device(node)
         return path[-1] if path else self.tree.root
 
