@@ -15,7 +15,7 @@ and in the state the call expects. ``SlotError`` otherwise.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 import torch
@@ -195,16 +195,31 @@ class PagedAllocator:
             raise SlotError(f"{flat.size} slots do not form whole pages of {ps}")
         if not flat.size:
             return flat.astype(np.int64)
-        pages = flat[::ps] // ps if ps > 1 else flat
+        if ps == 1:
+            pages = flat
+        else:
+            pages = flat[::ps] // ps
+            if every_slot:  # one gather checks range and layout; diagnosed on failure
+                try:
+                    rows = self._slot_grid[pages]
+                except IndexError:
+                    rows = None
+                if rows is None or flat.tobytes() != rows.tobytes():
+                    self._diagnose(flat, pages)
+                self._check_distinct(pages)
+                return pages
         # One reduction for both ends: a negative page is huge as unsigned.
         if int(pages.view(np.uint64).max()) >= self.num_pages:
             raise SlotError(f"slot index out of range [0, {self.capacity})")
-        if not every_slot:
-            return pages
-        if ps > 1 and flat.tobytes() != self._slot_grid[pages].tobytes():
-            raise SlotError("slots are not whole pages in order")
-        self._check_distinct(pages)
+        if every_slot:
+            self._check_distinct(pages)
         return pages
+
+    def _diagnose(self, flat: np.ndarray, pages: np.ndarray) -> NoReturn:
+        """Raise the SlotError that names why ``flat`` failed the fast check."""
+        if int(pages.view(np.uint64).max()) >= self.num_pages:
+            raise SlotError(f"slot index out of range [0, {self.capacity})")
+        raise SlotError("slots are not whole pages in order")
 
     def _check_distinct(self, pages: np.ndarray) -> None:
         # Scatter each position into its page; a page listed twice keeps only

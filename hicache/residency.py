@@ -1,8 +1,9 @@
 """The residency tree: which prefixes are cached and where their device copy is.
 
 ``ResidencyTree`` owns the radix tree's structure, each node's device copy
-(``node.device``), locks (``lock_ref``), use statistics (``hit_count``,
-``last_access``, ``priority``), device accounting (evictable and protected
+(``node.dev``, int64 numpy; ``node.device`` is its tensor view), locks
+(``lock_ref``), use statistics (``hit_count``, ``last_access``,
+``priority``), device accounting (evictable and protected
 tokens), the evictable-leaf set, and the nodes whose device copy is unusable
 (failed loads). Every device slot it takes or frees goes through the device
 allocator's ownership transitions, checked before anything changes.
@@ -32,7 +33,7 @@ from hicache.results import InsertResult
 class PathMatch(NamedTuple):
     """A touched match path: device prefix parts, where each tier's prefix ends."""
 
-    device_parts: list[torch.Tensor]
+    device_indices: torch.Tensor
     last_device: TreeNode
     last_host: TreeNode
     host_len: int
@@ -144,13 +145,14 @@ class ResidencyTree:
             node.last_access = now
             node.hit_count += 1
             last_host = node
-            if node.device is not None:
+            if node.dev is not None:
                 last_device = node
-                parts.append(node.device)
+                parts.append(node.dev)
                 device_nodes.append(node)
             else:
                 host_len += len(node.key)
-        return PathMatch(parts, last_device, last_host, host_len, device_nodes)
+        indices = torch.from_numpy(np.concatenate(parts)) if parts else empty_slots()
+        return PathMatch(indices, last_device, last_host, host_len, device_nodes)
 
     def depth_tokens(self, node: TreeNode) -> int:
         return sum(len(n.key) for n in self.tree.path_to_root(node))
@@ -158,7 +160,7 @@ class ResidencyTree:
     def host_chain(self, node: TreeNode) -> list[TreeNode]:
         """Nodes off device from the first below the device prefix down to ``node``."""
         chain: list[TreeNode] = []
-        while node is not self.tree.root and node.device is None:
+        while node is not self.tree.root and node.dev is None:
             chain.append(node)
             assert node.parent is not None
             node = node.parent
@@ -166,8 +168,8 @@ class ResidencyTree:
 
     def prefix_slots(self, node: TreeNode) -> torch.Tensor:
         """Device slots of the whole prefix ending at ``node``."""
-        parts = [n.device for n in self.tree.path_to_root(node) if n.device is not None]
-        return torch.cat(parts[::-1]) if parts else empty_slots()
+        parts = [n.dev for n in self.tree.path_to_root(node) if n.dev is not None]
+        return torch.from_numpy(np.concatenate(parts[::-1])) if parts else empty_slots()
 
     # locks ---------------------------------------------------------------
     def check_node(self, node: TreeNode, locked: bool) -> None:
@@ -181,7 +183,7 @@ class ResidencyTree:
         self.check_node(node, locked=False)
         path = list(self.tree.path_to_root(node))
         for n in path:
-            if n.device is None:
+            if n.dev is None:
                 raise CacheError(f"cannot lock {n!r}: it is not on device")
         for n in path:
             if n.lock_ref == 0:
@@ -239,7 +241,7 @@ class ResidencyTree:
             )
         added = self.tree.add_child(last, key[plan.pos :], namespace)
         added.last_access, added.priority = self.tree.now(), priority
-        added.device = torch.from_numpy(new.copy())
+        added.dev = new.copy()
         self._add_device(added)
         result = InsertResult(prefix_len, added, len(key))
         return InsertOutcome(result, [*[n for n, _ in plan.revive], added], added)
@@ -249,12 +251,11 @@ class ResidencyTree:
         for node in path:
             seg = slots[pos : pos + len(node.key)]
             pos += len(node.key)
-            if node.device is None:
+            have = node.dev
+            if have is None:
                 revive.append((node, seg))
                 to_tree.append(seg)
-                continue
-            have = _np(node.device)
-            if have.tobytes() != seg.tobytes():  # the usual case: the match's own slots
+            elif have.tobytes() != seg.tobytes():  # the usual case: the match's own slots
                 to_free.append(seg[have != seg])
         return _InsertPlan(pos, to_tree, revive, to_free)
 
@@ -264,7 +265,7 @@ class ResidencyTree:
         own, pos = [], 0
         for node in nodes:
             part = slots[pos : pos + len(node.key)]
-            own.append(part if node.device is None else part[_np(node.device) != part])
+            own.append(part if node.dev is None else part[node.dev != part])
             pos += len(node.key)
         own.append(slots[pos:])
         return np.concatenate(own)
@@ -280,7 +281,7 @@ class ResidencyTree:
             node.last_access = now
             node.priority = max(node.priority, priority)
         for node, seg in plan.revive:  # a host-only node gets the fresh KV
-            node.device = torch.from_numpy(seg.copy())
+            node.dev = seg.copy()
             self._add_device(node)
         return path[-1] if path else self.tree.root
 
@@ -299,9 +300,9 @@ class ResidencyTree:
     def attach_device(self, chain: list[TreeNode], slots: torch.Tensor) -> None:
         """Give the host-only ``chain`` the request-held ``slots`` (a load-back)."""
         self.allocator.to_tree(slots)
-        pos = 0
+        arr, pos = _np(slots).copy(), 0  # the tree's own copy: the caller keeps ``slots``
         for node in chain:
-            node.device = slots[pos : pos + len(node.key)]
+            node.dev = arr[pos : pos + len(node.key)]
             pos += len(node.key)
             self._add_device(node)
 
@@ -316,11 +317,11 @@ class ResidencyTree:
 
     def drop_device(self, node: TreeNode) -> Dropped:
         """Free an unlocked node's device copy; it is deleted when no tier is left."""
-        assert node.device is not None and node.lock_ref == 0
+        assert node.dev is not None and node.lock_ref == 0
         announced = node not in self._bad
-        self.allocator.free_tree(node.device)
+        self.allocator.free_tree(node.dev)
         self._evictable -= len(node.key)
-        node.device = None
+        node.dev = None
         self._leaves.discard(node)
         self._bad.discard(node)
         parent = node.parent
@@ -333,7 +334,7 @@ class ResidencyTree:
 
     def remove_leaf(self, node: TreeNode) -> None:
         """Delete a childless node that no tier holds any more."""
-        assert node.device is None and node.host is None
+        assert node.dev is None and node.host is None
         self.tree.remove_leaf(node)
 
     def mark_bad(self, nodes: tuple[TreeNode, ...]) -> None:
@@ -372,7 +373,7 @@ class ResidencyTree:
 
     def finish_write_back(self, node: TreeNode) -> Dropped | None:
         """After a write-back's backup: drop the device copy if still possible."""
-        if node.device is None or node.lock_ref:
+        if node.dev is None or node.lock_ref:
             return None
         if node.host is not None or not node.children:
             return self.drop_device(node)
@@ -383,7 +384,7 @@ class ResidencyTree:
         if (
             node.tree is not None
             and node is not self.tree.root
-            and node.device is not None
+            and node.dev is not None
             and node.lock_ref == 0
             and not node.has_device_child()
         ):
@@ -401,9 +402,9 @@ class ResidencyTree:
         """Free every device copy and empty the tree; returns the removed nodes."""
         nodes = list(self.tree.nodes())
         for node in nodes:
-            if node.device is not None:
-                self.allocator.free_tree(node.device)
-                node.device = None
+            if node.dev is not None:
+                self.allocator.free_tree(node.dev)
+                node.dev = None
             node.tree = None
         self.tree.root.children.clear()
         self._leaves.clear()
@@ -415,14 +416,12 @@ class ResidencyTree:
         """Assert the leaf set, the device accounting and slot ownership."""
         nodes = list(self.tree.nodes())
         leaves = {
-            n
-            for n in nodes
-            if n.device is not None and n.lock_ref == 0 and not n.has_device_child()
+            n for n in nodes if n.dev is not None and n.lock_ref == 0 and not n.has_device_child()
         }
         assert self._leaves == leaves, "evictable-leaf set is out of date"
-        held = [n.device for n in nodes if n.device is not None]
-        tree_held = sum(t.numel() for t in held)
-        locked = sum(len(n.key) for n in nodes if n.device is not None and n.lock_ref)
+        held = [n.dev for n in nodes if n.dev is not None]
+        tree_held = sum(t.size for t in held)
+        locked = sum(len(n.key) for n in nodes if n.dev is not None and n.lock_ref)
         assert self._protected == locked, "inv5: protected_size is off"
         assert self._evictable == tree_held - locked, "inv5: evictable_size is off"
         counts = self.allocator.counts()
@@ -431,5 +430,5 @@ class ResidencyTree:
             f"the tree holds {tree_held}"
         )
         if held:
-            self.allocator.whole_pages(torch.cat(held))  # SlotError: a slot held twice
+            self.allocator.whole_pages(np.concatenate(held))  # SlotError: a slot held twice
         assert all(n.tree is self.tree for n in self._bad), "a failed load left the tree"
