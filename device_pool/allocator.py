@@ -23,6 +23,7 @@ import torch
 FREE, REQUEST, TREE = 0, 1, 2
 _STATE_NAMES = ("free", "request-held", "tree-owned")
 _STATE_BYTES = (b"\x00", b"\x01", b"\x02")  # one state-table entry (int8) as bytes
+_INT_TYPES = (int, np.integer)
 Slots = torch.Tensor | np.ndarray  # 1-D int64; numpy from the tree, torch from callers
 
 
@@ -94,7 +95,7 @@ class PagedAllocator:
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
         """Allocate ``num_tokens`` slots (a multiple of page_size), request-held."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int | np.integer):
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, _INT_TYPES):
             raise TypeError(f"alloc size must be an int, got {type(num_tokens).__name__}")
         if num_tokens < 0 or num_tokens % self.page_size:
             raise ValueError(f"alloc size {num_tokens} is not a multiple of {self.page_size}")

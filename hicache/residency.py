@@ -220,7 +220,9 @@ class ResidencyTree:
         otherwise). Duplicates of what the tree holds are freed; the rest pass
         to the tree. The insert stops at a failed load (see ``InsertResult``)."""
         path = self.walk(key, namespace)
-        stop = next((i for i, n in enumerate(path) if n in self._bad), len(path))
+        stop = len(path)
+        if self._bad:  # rare: a failed load on the path stops the insert there
+            stop = next((i for i, n in enumerate(path) if n in self._bad), stop)
         arr = _np(slots)
         plan = self._plan(path[:stop], arr)
         tail = arr[plan.pos :]
