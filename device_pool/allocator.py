@@ -245,4 +245,4 @@ def _flat(slots: Slots) -> np.ndarray:
     if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
         got = f"{slots.dtype} {tuple(slots.shape)}" if isinstance(slots, torch.Tensor) else ""
         raise SlotError(f"slots must be a 1-D int64 tensor, got {got or type(slots)}")
-    return slots.numpy() if slots.device.type == "cpu" else slots.cpu().numpy()
+    return slots.numpy() if slots.is_cpu else slots.cpu().numpy()

@@ -76,7 +76,7 @@ class _InsertPlan(NamedTuple):
 def _np(t: torch.Tensor) -> np.ndarray:
     """A CPU int64 slot tensor's numpy view (a copy from another device):
     numpy's per-call cost is a fraction of torch's on these small arrays."""
-    return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
+    return t.numpy() if t.is_cpu else t.cpu().numpy()
 
 
 def _cat(parts: list[np.ndarray]) -> np.ndarray:
