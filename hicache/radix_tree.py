@@ -82,6 +82,11 @@ class TreeNode:
         dev = self.dev
         return None if dev is None else torch.from_numpy(dev)
 
+    @device.setter
+    def device(self, slots: torch.Tensor | None) -> None:
+        # For callers written against the tensor attribute: kept as numpy.
+        self.dev = None if slots is None else slots.cpu().numpy()
+
     def has_device_child(self) -> bool:
         return any(c.dev is not None for c in self.children.values())
 
