@@ -15,13 +15,16 @@ and in the state the call expects. ``SlotError`` otherwise.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 import torch
 
 FREE, REQUEST, TREE = 0, 1, 2
 _STATE_NAMES = ("free", "request-held", "tree-owned")
+_STATE_BYTES = (b"\x00", b"\x01", b"\x02")  # one state-table entry (int8) as bytes
+_INT_TYPES = (int, np.integer)
+Slots = torch.Tensor | np.ndarray  # 1-D int64; numpy from the tree, torch from callers
 
 
 class SlotError(ValueError):
@@ -92,7 +95,7 @@ class PagedAllocator:
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
         """Allocate ``num_tokens`` slots (a multiple of page_size), request-held."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int | np.integer):
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, _INT_TYPES):
             raise TypeError(f"alloc size must be an int, got {type(num_tokens).__name__}")
         if num_tokens < 0 or num_tokens % self.page_size:
             raise ValueError(f"alloc size {num_tokens} is not a multiple of {self.page_size}")
@@ -102,43 +105,44 @@ class PagedAllocator:
         if n == 0:
             return torch.empty(0, dtype=torch.int64)
         top = self._num_free
-        pages = self._free_pages[top - n : top][::-1].copy()
+        pages = self._free_pages[top - n : top][::-1]  # a view: copied below
         self._num_free = top - n
         self._state[pages] = REQUEST
         self._request_pages += n
         if self.page_size == 1:
-            return torch.from_numpy(pages)
+            return torch.from_numpy(pages.copy())
         return torch.from_numpy(self._slot_grid[pages].reshape(-1))
 
-    def check_request_held(self, slots: torch.Tensor) -> None:
+    def check_request_held(self, slots: Slots) -> None:
         """SlotError unless ``slots`` are whole request-held pages, each listed once."""
         self._pages_in(slots, REQUEST)
 
-    def to_tree(self, slots: torch.Tensor) -> None:
+    def to_tree(self, slots: Slots) -> None:
         """Request-held pages pass to the tree (an insert, a load-back, a backup)."""
         pages = self._pages_in(slots, REQUEST)
         self._state[pages] = TREE
         self._request_pages -= pages.size
 
-    def commit_request(self, to_tree: torch.Tensor, to_free: torch.Tensor) -> None:
+    def commit_request(self, to_tree: Slots, to_free: Slots) -> None:
         """One checked step for a request's slots at insert: ``to_tree`` pass to
         the tree, ``to_free`` (duplicates of the tree's pages) are freed. Both
         must be request-held whole pages, no page listed twice across both;
         otherwise SlotError and nothing changes."""
-        both = to_tree if not to_free.numel() else torch.cat([to_tree, to_free])
+        tree_part, free_part = _flat(to_tree), _flat(to_free)
+        both = np.concatenate((tree_part, free_part)) if free_part.size else tree_part
         pages = self._pages_in(both, REQUEST)
-        keep = to_tree.numel() // self.page_size
+        keep = tree_part.size // self.page_size
         self._state[pages[:keep]] = TREE
         self._release(pages[keep:])
         self._request_pages -= pages.size
 
-    def free_request(self, slots: torch.Tensor) -> None:
+    def free_request(self, slots: Slots) -> None:
         """Return request-held pages that never reached the tree."""
         pages = self._pages_in(slots, REQUEST)
         self._release(pages)
         self._request_pages -= pages.size
 
-    def free_tree(self, slots: torch.Tensor) -> None:
+    def free_tree(self, slots: Slots) -> None:
         """Return pages the tree owned (eviction, a failed copy, reset).
 
         The tree's slots were checked whole and distinct when they entered it
@@ -146,7 +150,7 @@ class PagedAllocator:
         O(pages): in range and tree-owned (a double free fails here)."""
         self._release(self._pages_in(slots, TREE, whole=False))
 
-    def free(self, slots: torch.Tensor) -> None:
+    def free(self, slots: Slots) -> None:
         """Return allocated pages, request-held or tree-owned (not free ones)."""
         pages = self._pages_in(slots, None)
         self._request_pages -= int(np.count_nonzero(self._state[pages] == REQUEST))
@@ -159,46 +163,64 @@ class PagedAllocator:
             self._free_pages[top : top + pages.size] = pages
             self._num_free = top + pages.size
 
-    def _pages_in(self, slots: torch.Tensor, state: int | None, whole: bool = True) -> np.ndarray:
+    def _pages_in(self, slots: Slots, state: int | None, whole: bool = True) -> np.ndarray:
         """The pages of ``slots``, checked: whole (or, without ``whole``, only
         their first slots), in range, distinct, and in ``state`` (None: any
         allocated state)."""
         pages = self.whole_pages(slots, every_slot=whole)
         if not pages.size:
             return pages
+        # Small arrays: a bytes comparison costs a fraction of a ufunc plus any().
         have = self._state[pages]
-        bad = have == FREE if state is None else have != state
-        if bad.any():
-            got = _STATE_NAMES[int(have[np.argmax(bad)])]
-            want = "allocated" if state is None else _STATE_NAMES[state]
-            raise SlotError(f"page {int(pages[np.argmax(bad)])} is {got}, expected {want}")
-        return pages
+        raw = have.tobytes()
+        if state is None:
+            if _STATE_BYTES[FREE] not in raw:
+                return pages
+            bad = have == FREE
+        elif raw == _STATE_BYTES[state] * pages.size:
+            return pages
+        else:
+            bad = have != state
+        got = _STATE_NAMES[int(have[np.argmax(bad)])]
+        want = "allocated" if state is None else _STATE_NAMES[state]
+        raise SlotError(f"page {int(pages[np.argmax(bad)])} is {got}, expected {want}")
 
-    def whole_pages(self, slots: torch.Tensor, every_slot: bool = True) -> np.ndarray:
+    def whole_pages(self, slots: Slots, every_slot: bool = True) -> np.ndarray:
         """Page numbers of ``slots``; SlotError unless they form whole pages (slots
         of a page in order), in range, each page listed once. Vectorised; with
         ``every_slot=False`` only each page's first slot is range-checked
         (O(pages); for slots that were checked whole when handed in)."""
-        if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
-            got = f"{slots.dtype} {tuple(slots.shape)}" if isinstance(slots, torch.Tensor) else ""
-            raise SlotError(f"slots must be a 1-D int64 tensor, got {got or type(slots)}")
-        flat = slots.numpy() if slots.device.type == "cpu" else slots.cpu().numpy()
+        flat = _flat(slots)
         ps = self.page_size
         if flat.size % ps:
             raise SlotError(f"{flat.size} slots do not form whole pages of {ps}")
         if not flat.size:
             return flat.astype(np.int64)
-        first = flat[::ps]
-        pages = first // ps if ps > 1 else first
+        if ps == 1:
+            pages = flat
+        else:
+            pages = flat[::ps] // ps
+            if every_slot:  # one gather checks range and layout; diagnosed on failure
+                try:
+                    rows = self._slot_grid[pages]
+                except IndexError:
+                    rows = None
+                if rows is None or flat.tobytes() != rows.tobytes():
+                    self._diagnose(flat, pages)
+                self._check_distinct(pages)
+                return pages
         # One reduction for both ends: a negative page is huge as unsigned.
         if int(pages.view(np.uint64).max()) >= self.num_pages:
             raise SlotError(f"slot index out of range [0, {self.capacity})")
-        if not every_slot:
-            return pages
-        if ps > 1 and (flat.reshape(-1, ps) != self._slot_grid[pages]).any():
-            raise SlotError("slots are not whole pages in order")
-        self._check_distinct(pages)
+        if every_slot:
+            self._check_distinct(pages)
         return pages
+
+    def _diagnose(self, flat: np.ndarray, pages: np.ndarray) -> NoReturn:
+        """Raise the SlotError that names why ``flat`` failed the fast check."""
+        if int(pages.view(np.uint64).max()) >= self.num_pages:
+            raise SlotError(f"slot index out of range [0, {self.capacity})")
+        raise SlotError("slots are not whole pages in order")
 
     def _check_distinct(self, pages: np.ndarray) -> None:
         # Scatter each position into its page; a page listed twice keeps only
@@ -209,5 +231,18 @@ class PagedAllocator:
             raise SlotError("a page is listed twice")
         pos = self._positions[: pages.size]
         self._seen[pages] = pos
-        if (self._seen[pages] != pos).any():
+        if self._seen[pages].tobytes() != pos.tobytes():
             raise SlotError("a page is listed twice")
+
+
+def _flat(slots: Slots) -> np.ndarray:
+    """``slots`` as a 1-D int64 numpy array (a view when already on the CPU);
+    SlotError for anything else."""
+    if isinstance(slots, np.ndarray):
+        if slots.dtype != np.int64 or slots.ndim != 1:
+            raise SlotError(f"slots must be 1-D int64, got {slots.dtype} {slots.shape}")
+        return slots
+    if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
+        got = f"{slots.dtype} {tuple(slots.shape)}" if isinstance(slots, torch.Tensor) else ""
+        raise SlotError(f"slots must be a 1-D int64 tensor, got {got or type(slots)}")
+    return slots.numpy() if slots.is_cpu else slots.cpu().numpy()

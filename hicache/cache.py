@@ -157,12 +157,13 @@ class HiRadixCache:
         none completed yet it is 0 and a lookup starts on the I/O workers (the
         backend is never called here)."""
         key = as_token_list(tokens)
-        aligned = key[: align_down(len(key), self.page_size)]
+        whole = align_down(len(key), self.page_size)
+        aligned = key if whole == len(key) else key[:whole]  # no copy when aligned
         path = self.residency.walk(aligned, namespace)
         if self.host is not None and any(n.load_op is not None for n in path):
             self._route(self.host.settle(path))
         found = self.residency.touch(path)
-        indices = torch.cat(found.device_parts) if found.device_parts else empty_slots()
+        indices = found.device_indices
         self._selective_backups(found.device_nodes, path)
         stored = 0
         if with_storage and self.store is not None:
@@ -251,7 +252,9 @@ class HiRadixCache:
         finished: bool,
         priority: int,
     ) -> InsertResult:
-        out = self.residency.insert(key[:aligned], slots[:aligned], ns, tail, finished, priority)
+        if aligned < len(key):
+            key, slots = key[:aligned], slots[:aligned]
+        out = self.residency.insert(key, slots, ns, tail, finished, priority)
         for node in out.new_device:
             self.observer.stored(node, "device")
         if out.added is not None:

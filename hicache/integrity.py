@@ -26,8 +26,8 @@ def _check_node_shape(tree: RadixTree, ps: int, node: TreeNode) -> None:
     assert parent.children.get(ckey) is node, f"inv6: {node!r} is not under its first page"
     if parent is not tree.root:
         assert parent.namespace == node.namespace, f"{node!r} namespace differs from parent"
-    for tier in (node.device, node.host):
-        assert tier is None or tier.numel() == n, f"{node!r} slots do not match its key"
+    assert node.dev is None or node.dev.size == n, f"{node!r} device slots do not match its key"
+    assert node.host is None or node.host.numel() == n, f"{node!r} host slots do not match its key"
     if node.page_keys is not None:
         assert len(node.page_keys) == n // ps, f"{node!r} has the wrong number of page keys"
 
@@ -35,16 +35,16 @@ def _check_node_shape(tree: RadixTree, ps: int, node: TreeNode) -> None:
 def _check_residency(tree: RadixTree, node: TreeNode) -> None:
     parent = node.parent
     assert parent is not None
-    if node.device is not None and parent is not tree.root:
-        assert parent.device is not None, f"inv1: {node!r} on device but its parent is not"
-    assert node.device is not None or node.host is not None, f"inv2: {node!r} in no tier"
+    if node.dev is not None and parent is not tree.root:
+        assert parent.dev is not None, f"inv1: {node!r} on device but its parent is not"
+    assert node.dev is not None or node.host is not None, f"inv2: {node!r} in no tier"
     if node.backup_op is not None:
-        assert node.host is not None and node.device is not None, (
+        assert node.host is not None and node.dev is not None, (
             f"inv3: {node!r} relies on a host copy whose backup is in flight"
         )
         assert node.lock_ref > 0, f"inv3: {node!r} backing up but not locked"
     if node.load_op is not None:
-        assert node.device is not None and node.lock_ref > 0, f"inv3: loading {node!r} unlocked"
+        assert node.dev is not None and node.lock_ref > 0, f"inv3: loading {node!r} unlocked"
 
 
 def _check_locks(tree: RadixTree, node: TreeNode) -> None:
@@ -54,6 +54,6 @@ def _check_locks(tree: RadixTree, node: TreeNode) -> None:
     if parent is not tree.root:
         assert parent.lock_ref >= node.lock_ref, f"inv4: {node!r} locked more than its parent"
     if node.lock_ref:
-        assert node.device is not None, f"inv4: locked {node!r} is not on device"
+        assert node.dev is not None, f"inv4: locked {node!r} is not on device"
     if node.host_ref:
         assert node.host is not None, f"inv4: host-pinned {node!r} has no host copy"

@@ -32,7 +32,7 @@ class TreeNode:
         "backup_op",
         "children",
         "created",
-        "device",
+        "dev",
         "hit_count",
         "host",
         "host_ref",
@@ -55,7 +55,7 @@ class TreeNode:
         self.namespace = namespace
         self.parent: TreeNode | None = None
         self.children: dict[ChildKey, TreeNode] = {}
-        self.device: torch.Tensor | None = None
+        self.dev: np.ndarray | None = None  # device slots (int64); see ``device``
         self.host: torch.Tensor | None = None
         self.page_keys: list[bytes] | None = None
         self.lock_ref = 0
@@ -71,11 +71,24 @@ class TreeNode:
         return len(self.key)
 
     def __repr__(self) -> str:
-        tiers = ("D" if self.device is not None else "") + ("H" if self.host is not None else "")
+        tiers = ("D" if self.dev is not None else "") + ("H" if self.host is not None else "")
         return f"TreeNode(id={self.id}, len={len(self.key)}, {tiers or '-'}, lock={self.lock_ref})"
 
+    @property
+    def device(self) -> torch.Tensor | None:
+        """Device slots as an int64 tensor: a view of ``dev``, which the tree
+        keeps in numpy because numpy's per-call cost is a fraction of torch's
+        on these small arrays. Read it; change residency through the tree."""
+        dev = self.dev
+        return None if dev is None else torch.from_numpy(dev)
+
+    @device.setter
+    def device(self, slots: torch.Tensor | None) -> None:
+        # For callers written against the tensor attribute: kept as numpy.
+        self.dev = None if slots is None else slots.cpu().numpy()
+
     def has_device_child(self) -> bool:
-        return any(c.device is not None for c in self.children.values())
+        return any(c.dev is not None for c in self.children.values())
 
 
 class WalkResult(NamedTuple):
@@ -225,8 +238,8 @@ class RadixTree:
             "load_op",
         ):
             setattr(upper, name, getattr(node, name))
-        if node.device is not None:
-            upper.device, node.device = node.device[:at], node.device[at:]
+        if node.dev is not None:
+            upper.dev, node.dev = node.dev[:at], node.dev[at:]
         if node.host is not None:
             upper.host, node.host = node.host[:at], node.host[at:]
         if node.page_keys is not None:

@@ -1,8 +1,9 @@
 """The residency tree: which prefixes are cached and where their device copy is.
 
 ``ResidencyTree`` owns the radix tree's structure, each node's device copy
-(``node.device``), locks (``lock_ref``), use statistics (``hit_count``,
-``last_access``, ``priority``), device accounting (evictable and protected
+(``node.dev``, int64 numpy; ``node.device`` is its tensor view), locks
+(``lock_ref``), use statistics (``hit_count``, ``last_access``,
+``priority``), device accounting (evictable and protected
 tokens), the evictable-leaf set, and the nodes whose device copy is unusable
 (failed loads). Every device slot it takes or frees goes through the device
 allocator's ownership transitions, checked before anything changes.
@@ -17,6 +18,7 @@ import heapq
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from device_pool import PagedAllocator
@@ -31,7 +33,7 @@ from hicache.results import InsertResult
 class PathMatch(NamedTuple):
     """A touched match path: device prefix parts, where each tier's prefix ends."""
 
-    device_parts: list[torch.Tensor]
+    device_indices: torch.Tensor
     last_device: TreeNode
     last_host: TreeNode
     host_len: int
@@ -66,21 +68,27 @@ class Graft(NamedTuple):
 
 class _InsertPlan(NamedTuple):
     pos: int  # request tokens the path already covers
-    to_tree: list[torch.Tensor]  # request slots that become the tree's
-    revive: list[tuple[TreeNode, torch.Tensor]]  # host-only nodes given device slots
-    to_free: list[torch.Tensor]  # request slots duplicating the tree's
+    to_tree: list[np.ndarray]  # request slots that become the tree's
+    revive: list[tuple[TreeNode, np.ndarray]]  # host-only nodes given device slots
+    to_free: list[np.ndarray]  # request slots duplicating the tree's
 
 
-def _opt(t: torch.Tensor | None) -> list[torch.Tensor]:
-    return [] if t is None else [t]
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A CPU int64 slot tensor's numpy view (a copy from another device):
+    numpy's per-call cost is a fraction of torch's on these small arrays."""
+    return t.numpy() if t.is_cpu else t.cpu().numpy()
 
 
-def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat`` that skips the copy for zero or one non-empty part."""
-    parts = [p for p in parts if p.numel()]
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    """``np.concatenate`` that skips the copy for zero or one non-empty part."""
+    parts = [p for p in parts if p.size]
     if len(parts) > 1:
-        return torch.cat(parts)
-    return parts[0] if parts else empty_slots()
+        return np.concatenate(parts)
+    return parts[0] if parts else _EMPTY
+
+
+_EMPTY = np.empty(0, dtype=np.int64)  # never written: numpy views of it are read only
+_EMPTY.flags.writeable = False
 
 
 class ResidencyTree:
@@ -137,13 +145,14 @@ class ResidencyTree:
             node.last_access = now
             node.hit_count += 1
             last_host = node
-            if node.device is not None:
+            if node.dev is not None:
                 last_device = node
-                parts.append(node.device)
+                parts.append(node.dev)
                 device_nodes.append(node)
             else:
                 host_len += len(node.key)
-        return PathMatch(parts, last_device, last_host, host_len, device_nodes)
+        indices = torch.from_numpy(np.concatenate(parts)) if parts else empty_slots()
+        return PathMatch(indices, last_device, last_host, host_len, device_nodes)
 
     def depth_tokens(self, node: TreeNode) -> int:
         return sum(len(n.key) for n in self.tree.path_to_root(node))
@@ -151,7 +160,7 @@ class ResidencyTree:
     def host_chain(self, node: TreeNode) -> list[TreeNode]:
         """Nodes off device from the first below the device prefix down to ``node``."""
         chain: list[TreeNode] = []
-        while node is not self.tree.root and node.device is None:
+        while node is not self.tree.root and node.dev is None:
             chain.append(node)
             assert node.parent is not None
             node = node.parent
@@ -159,8 +168,8 @@ class ResidencyTree:
 
     def prefix_slots(self, node: TreeNode) -> torch.Tensor:
         """Device slots of the whole prefix ending at ``node``."""
-        parts = [n.device for n in self.tree.path_to_root(node) if n.device is not None]
-        return torch.cat(parts[::-1]) if parts else empty_slots()
+        parts = [n.dev for n in self.tree.path_to_root(node) if n.dev is not None]
+        return torch.from_numpy(np.concatenate(parts[::-1])) if parts else empty_slots()
 
     # locks ---------------------------------------------------------------
     def check_node(self, node: TreeNode, locked: bool) -> None:
@@ -174,7 +183,7 @@ class ResidencyTree:
         self.check_node(node, locked=False)
         path = list(self.tree.path_to_root(node))
         for n in path:
-            if n.device is None:
+            if n.dev is None:
                 raise CacheError(f"cannot lock {n!r}: it is not on device")
         for n in path:
             if n.lock_ref == 0:
@@ -211,14 +220,19 @@ class ResidencyTree:
         otherwise). Duplicates of what the tree holds are freed; the rest pass
         to the tree. The insert stops at a failed load (see ``InsertResult``)."""
         path = self.walk(key, namespace)
-        stop = next((i for i, n in enumerate(path) if n in self._bad), len(path))
-        plan = self._plan(path[:stop], slots)
-        tail = slots[plan.pos :]
+        stop = len(path)
+        if self._bad:  # rare: a failed load on the path stops the insert there
+            stop = next((i for i, n in enumerate(path) if n in self._bad), stop)
+        arr = _np(slots)
+        plan = self._plan(path[:stop], arr)
+        tail = arr[plan.pos :]
         new = tail if stop == len(path) and plan.pos < len(key) else None
-        to_tree, to_free = list(plan.to_tree), [*plan.to_free, free_after]
+        to_tree, to_free = list(plan.to_tree), [*plan.to_free, _np(free_after)]
+        if new is not None:
+            to_tree.append(new)
         if stop < len(path) and finished:
             to_free.append(self._own_past(path[stop:], tail))
-        self.allocator.commit_request(_cat([*to_tree, *_opt(new)]), _cat(to_free))
+        self.allocator.commit_request(_cat(to_tree), _cat(to_free))
         # Checked and committed: from here on nothing raises.
         prefix_len = sum(len(n.key) for n in path)
         last = self._apply_insert(path[:stop], plan, priority)
@@ -229,33 +243,34 @@ class ResidencyTree:
             )
         added = self.tree.add_child(last, key[plan.pos :], namespace)
         added.last_access, added.priority = self.tree.now(), priority
-        added.device = new.clone()
+        added.dev = new.copy()
         self._add_device(added)
         result = InsertResult(prefix_len, added, len(key))
         return InsertOutcome(result, [*[n for n, _ in plan.revive], added], added)
 
-    def _plan(self, path: list[TreeNode], slots: torch.Tensor) -> _InsertPlan:
+    def _plan(self, path: list[TreeNode], slots: np.ndarray) -> _InsertPlan:
         pos, to_tree, revive, to_free = 0, [], [], []
         for node in path:
             seg = slots[pos : pos + len(node.key)]
             pos += len(node.key)
-            if node.device is None:
+            have = node.dev
+            if have is None:
                 revive.append((node, seg))
                 to_tree.append(seg)
-            elif not torch.equal(node.device, seg):  # the usual case: the match's own slots
-                to_free.append(seg[node.device != seg])
+            elif have.tobytes() != seg.tobytes():  # the usual case: the match's own slots
+                to_free.append(seg[have != seg])
         return _InsertPlan(pos, to_tree, revive, to_free)
 
     @staticmethod
-    def _own_past(nodes: list[TreeNode], slots: torch.Tensor) -> torch.Tensor:
+    def _own_past(nodes: list[TreeNode], slots: np.ndarray) -> np.ndarray:
         """A finished request's slots that ``nodes`` (past a failed load) do not hold."""
         own, pos = [], 0
         for node in nodes:
             part = slots[pos : pos + len(node.key)]
-            own.append(part if node.device is None else part[node.device != part])
+            own.append(part if node.dev is None else part[node.dev != part])
             pos += len(node.key)
         own.append(slots[pos:])
-        return torch.cat(own)
+        return np.concatenate(own)
 
     def _apply_insert(
         self,
@@ -268,7 +283,7 @@ class ResidencyTree:
             node.last_access = now
             node.priority = max(node.priority, priority)
         for node, seg in plan.revive:  # a host-only node gets the fresh KV
-            node.device = seg.clone()
+            node.dev = seg.copy()
             self._add_device(node)
         return path[-1] if path else self.tree.root
 
@@ -287,9 +302,9 @@ class ResidencyTree:
     def attach_device(self, chain: list[TreeNode], slots: torch.Tensor) -> None:
         """Give the host-only ``chain`` the request-held ``slots`` (a load-back)."""
         self.allocator.to_tree(slots)
-        pos = 0
+        arr, pos = _np(slots).copy(), 0  # the tree's own copy: the caller keeps ``slots``
         for node in chain:
-            node.device = slots[pos : pos + len(node.key)]
+            node.dev = arr[pos : pos + len(node.key)]
             pos += len(node.key)
             self._add_device(node)
 
@@ -304,11 +319,11 @@ class ResidencyTree:
 
     def drop_device(self, node: TreeNode) -> Dropped:
         """Free an unlocked node's device copy; it is deleted when no tier is left."""
-        assert node.device is not None and node.lock_ref == 0
+        assert node.dev is not None and node.lock_ref == 0
         announced = node not in self._bad
-        self.allocator.free_tree(node.device)
+        self.allocator.free_tree(node.dev)
         self._evictable -= len(node.key)
-        node.device = None
+        node.dev = None
         self._leaves.discard(node)
         self._bad.discard(node)
         parent = node.parent
@@ -321,7 +336,7 @@ class ResidencyTree:
 
     def remove_leaf(self, node: TreeNode) -> None:
         """Delete a childless node that no tier holds any more."""
-        assert node.device is None and node.host is None
+        assert node.dev is None and node.host is None
         self.tree.remove_leaf(node)
 
     def mark_bad(self, nodes: tuple[TreeNode, ...]) -> None:
@@ -360,7 +375,7 @@ class ResidencyTree:
 
     def finish_write_back(self, node: TreeNode) -> Dropped | None:
         """After a write-back's backup: drop the device copy if still possible."""
-        if node.device is None or node.lock_ref:
+        if node.dev is None or node.lock_ref:
             return None
         if node.host is not None or not node.children:
             return self.drop_device(node)
@@ -371,7 +386,7 @@ class ResidencyTree:
         if (
             node.tree is not None
             and node is not self.tree.root
-            and node.device is not None
+            and node.dev is not None
             and node.lock_ref == 0
             and not node.has_device_child()
         ):
@@ -389,9 +404,9 @@ class ResidencyTree:
         """Free every device copy and empty the tree; returns the removed nodes."""
         nodes = list(self.tree.nodes())
         for node in nodes:
-            if node.device is not None:
-                self.allocator.free_tree(node.device)
-                node.device = None
+            if node.dev is not None:
+                self.allocator.free_tree(node.dev)
+                node.dev = None
             node.tree = None
         self.tree.root.children.clear()
         self._leaves.clear()
@@ -403,14 +418,12 @@ class ResidencyTree:
         """Assert the leaf set, the device accounting and slot ownership."""
         nodes = list(self.tree.nodes())
         leaves = {
-            n
-            for n in nodes
-            if n.device is not None and n.lock_ref == 0 and not n.has_device_child()
+            n for n in nodes if n.dev is not None and n.lock_ref == 0 and not n.has_device_child()
         }
         assert self._leaves == leaves, "evictable-leaf set is out of date"
-        held = [n.device for n in nodes if n.device is not None]
-        tree_held = sum(t.numel() for t in held)
-        locked = sum(len(n.key) for n in nodes if n.device is not None and n.lock_ref)
+        held = [n.dev for n in nodes if n.dev is not None]
+        tree_held = sum(t.size for t in held)
+        locked = sum(len(n.key) for n in nodes if n.dev is not None and n.lock_ref)
         assert self._protected == locked, "inv5: protected_size is off"
         assert self._evictable == tree_held - locked, "inv5: evictable_size is off"
         counts = self.allocator.counts()
@@ -419,5 +432,5 @@ class ResidencyTree:
             f"the tree holds {tree_held}"
         )
         if held:
-            self.allocator.whole_pages(torch.cat(held))  # SlotError: a slot held twice
+            self.allocator.whole_pages(np.concatenate(held))  # SlotError: a slot held twice
         assert all(n.tree is self.tree for n in self._bad), "a failed load left the tree"

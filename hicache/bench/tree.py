@@ -100,7 +100,8 @@ def replay(
             cache.dec_lock_ref(m.last_device_node)
             ops += 3
             continue
-        slots = torch.cat([m.device_indices, new[: len(m.key) - m.device_hit_length]])
+        need = len(m.key) - m.device_hit_length
+        slots = torch.cat([m.device_indices, new if len(new) == need else new[:need]])
         cache.cache_finished_req(m.key, slots, m.last_device_node)
         ops += 4
         hit += m.device_hit_length

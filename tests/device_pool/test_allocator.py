@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -150,3 +151,22 @@ def test_out_of_range_and_misaligned_slots_are_refused() -> None:
         alloc.alloc(1.5)  # type: ignore[arg-type]
     alloc.free_request(slots)
     assert alloc.available() == 64
+
+
+def test_allocator_names_the_failed_check_for_numpy_slots() -> None:
+    """Slots from the tree arrive as numpy: the same checks, the same errors."""
+    alloc = PagedAllocator(64, 4)
+    held = alloc.alloc(8)
+    assert held is not None
+    with pytest.raises(SlotError, match="range"):
+        alloc.check_request_held(held.numpy() + 64)
+    with pytest.raises(SlotError, match="range"):
+        alloc.check_request_held(held.numpy() - 64)
+    with pytest.raises(SlotError, match="whole pages"):
+        alloc.check_request_held(held.numpy()[::-1].copy())
+    with pytest.raises(SlotError, match="twice"):
+        alloc.commit_request(held.numpy()[:4], held.numpy()[:4])
+    with pytest.raises(SlotError):
+        alloc.check_request_held(held.numpy().astype(np.int32))
+    alloc.commit_request(held.numpy()[:4], held.numpy()[4:])  # nothing changed before
+    assert alloc.counts().tree == 4 and alloc.counts().free == 60

@@ -276,3 +276,21 @@ def test_tree_owned_slots_cannot_be_freed_or_inserted_again() -> None:
     assert cache.match_prefix(a).device_hit_length == 16
     assert cache.match_prefix(b).device_hit_length == 0
     cache.check_integrity()
+
+
+def test_match_result_slots_are_the_callers_copy(page_size: int) -> None:
+    """The tree keeps its slots to itself: writing into a match's
+    ``device_indices`` (or a node's ``device`` read back as a tensor) of a
+    caller's copy never changes what the tree serves."""
+    cache = device_only(page_size)
+    tokens = list(range(3 * page_size))
+    run_request(cache, tokens)
+    m = cache.match_prefix(tokens)
+    served = m.device_indices.clone()
+    m.device_indices.fill_(0)
+    again = cache.match_prefix(tokens)
+    assert torch.equal(again.device_indices, served)
+    node = again.last_device_node
+    assert node.device is not None and node.device.dtype == torch.int64
+    assert torch.equal(node.device, served[-len(node.key) :])
+    cache.check_integrity()
