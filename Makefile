@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/default.toml
 
-.PHONY: run test lint bench format clean
+.PHONY: run test test-slow lint bench format clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ run: $(STAMP)
 
 test: $(STAMP) lint
 	$(PY) -m pytest
+
+# Long soak tests (damage fuzzing at many offsets, `make run` 20 times): not in CI.
+test-slow: $(STAMP)
+	HICACHE_SLOW=1 $(PY) -m pytest -m slow
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
