@@ -1,58 +1,77 @@
-"""HiRadixCache: the engine-facing tree_cache that composes tree, pools and tiers.
+"""HiRadixCache: the engine-facing tree_cache, a façade over parts it owns.
 
-The class is assembled from one mixin per concern (eviction, host tier,
-storage tier, observability), each in its own module over the shared state
-declared in ``cache_state``; this module holds construction, match, insert,
-locks, allocation and administration.
+- ``residency`` (``ResidencyTree``): the tree, locks, device copies and accounting;
+- ``host`` (``HostTier``): host copies, backups, load-backs, host eviction;
+- ``store`` (``StorageTier``): storage I/O, puts, prefetches, lookups, removals;
+- ``observer`` (``Observer``): KV events and metrics.
+
+Parts never call each other: they return typed records (``records.py``) and
+this module routes each one to the parts it concerns.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
+import time
 
 import torch
 
 from device_pool import DeviceKVPool
-from hicache.cache_state import CacheError, PrefetchState, empty_slots
 from hicache.config import CacheConfig
-from hicache.events import (
-    AllBlocksCleared,
-    BlockStored,
-    EventSink,
-    ZmqEventPublisher,
-)
-from hicache.eviction import EvictionMixin
+from hicache.errors import CacheError
+from hicache.eviction import create_eviction_policy
 from hicache.factory import build_device_pool, build_host_pool, build_transfer
-from hicache.hashing import model_fingerprint, page_keys
-from hicache.host_tier import HostTierMixin
+from hicache.hashing import NodeKeys, model_fingerprint, page_keys
+from hicache.host_tier import HostTier
 from hicache.integrity import check_tree
-from hicache.metrics import CacheMetrics
-from hicache.observability import ObservabilityMixin
-from hicache.prometheus import MetricsServer
+from hicache.metrics import CacheStats
+from hicache.observer import Observer
+from hicache.paging import align_down, align_up, empty_slots, page_of
+from hicache.prefetch_policy import create_prefetch_policy
+from hicache.prometheus import Gauges
 from hicache.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
+from hicache.records import (
+    BackupDone,
+    Dropped,
+    LoadDone,
+    LoadFailed,
+    LookupDone,
+    PrefetchDone,
+    PutDone,
+    StorageRemoved,
+)
+from hicache.residency import ResidencyTree
 from hicache.results import (
+    AdmitResult,
+    EvictResult,
     InsertResult,
+    LoadBackResult,
     MatchResult,
+    PollResult,
+    PrefetchStatus,
     UnfinishedResult,
 )
-from hicache.storage_tier import StorageTierMixin
+from hicache.storage_tier import StorageTier
+from hicache.write_policy import create_write_policy
 from host_pool import HostKVPool
 from storage_backends import StorageBackend, create
 from transfer import TransferEngine
 from transfer.storage_io import StorageIO
 
-logger = logging.getLogger(__name__)
+__all__ = ["CacheError", "HiRadixCache"]
+
+Record = BackupDone | LoadDone | LoadFailed | PutDone | PrefetchDone | LookupDone | StorageRemoved
 
 
-class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, ObservabilityMixin):
+class HiRadixCache:
     """Radix cache of KV pages across device, host and storage tiers.
 
     Threading: one owner thread (the engine's scheduler) calls every method;
     it is the only one that mutates the tree and the allocators. Background
-    transfer and storage workers report completions that ``poll()`` applies.
+    transfer and storage workers report completions that ``poll()`` applies;
+    no storage backend call runs on the owner thread.
     Errors: bad input raises ``ValueError`` (``CacheError`` for misuse of
-    nodes, locks and slots) before anything is changed.
+    nodes, locks and slots, ``SlotError`` for slots) before anything changes.
     """
 
     def __init__(
@@ -67,62 +86,25 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         ``config`` unless given (an engine passes its own device pool; tests
         pass a fault-injecting transfer engine)."""
         self.config = config
-        self.page_size = config.device.page_size
+        self.page_size = ps = config.device.page_size
         self.device_pool = device_pool or build_device_pool(config)
-        if self.device_pool.page_size != self.page_size:
+        if self.device_pool.page_size != ps:
             raise ValueError("device pool page_size differs from device.page_size")
         self.host_pool = host_pool or build_host_pool(config, self.device_pool)
-        self.transfer: TransferEngine | None = None
+        self.fingerprint = model_fingerprint(config.model, ps)
+        self.keys = NodeKeys(self.fingerprint, ps)
+        self._write = create_write_policy(config.policy.write_policy)
+        self._prefetch = create_prefetch_policy(config.policy.prefetch_policy)
+        evict_policy = create_eviction_policy(config.policy.eviction)
+        self.residency = ResidencyTree(ps, self.device_pool.allocator, evict_policy, self._on_split)
+        self.host: HostTier | None = None
         if self.host_pool is not None:
-            self.transfer = transfer or build_transfer(config, self.device_pool, self.host_pool)
-        self.tree = RadixTree(self.page_size, on_split=self._on_split)
-        self.fingerprint = model_fingerprint(config.model, self.page_size)
-        self.storage = self._build_storage(storage)
-        self._init_observability(config)
-        # The rest is described, attribute by attribute, in CacheState.
-        self._policy = config.policy
-        self._evictable = 0
-        self._protected = 0
-        self._request_held = 0
-        self._leaves: set[TreeNode] = set()
-        self._backups: dict[int, TreeNode] = {}
-        self._loads: dict[int, TreeNode] = {}
-        self._queued_loads: set[int] = set()
-        self._launched_early: set[int] = set()
-        self._batch_loads: set[int] = set()
-        self._failed_loads: set[int] = set()
-        self._bad_device: set[TreeNode] = set()
-        self._pins: dict[int, list[TreeNode]] = {}
-        self._next_pin = 0
-        self._puts: dict[int, tuple[int, BlockStored | None]] = {}
-        self._prefetches: dict[str, PrefetchState] = {}
-        self._prefetch_jobs: dict[int, PrefetchState] = {}
+            engine = transfer or build_transfer(config, self.device_pool, self.host_pool)
+            self.host = HostTier(self.host_pool, engine, self.residency.tree, evict_policy)
+        self.store = self._build_storage(storage)
+        self.observer = Observer(config, self.keys, self._gauges)
 
-    def _init_observability(self, config: CacheConfig) -> None:
-        self.metrics = CacheMetrics()
-        self.events: EventSink | None = None
-        if config.events.endpoint:
-            self.events = ZmqEventPublisher(config.events.endpoint, config.events.topic)
-        self._metrics_server: MetricsServer | None = None
-        if config.metrics.port:
-            self._metrics_server = MetricsServer(
-                config.metrics.host, config.metrics.port, self.stats, self._gauges
-            )
-
-    def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:
-        """Keep bookkeeping kept outside the nodes true when ``lower`` loses
-        its first pages to the new ``upper`` (backup/load op ids and locks are
-        copied by the tree itself)."""
-        # Both halves of a failed load's node are unusable on device.
-        if lower in self._bad_device:
-            self._bad_device.add(upper)
-        # A pin on ``lower`` covered pages that now live partly in ``upper``.
-        if lower.host_ref:
-            for nodes in self._pins.values():
-                if lower in nodes:
-                    nodes.append(upper)
-
-    def _build_storage(self, backend: StorageBackend | None) -> StorageIO | None:
+    def _build_storage(self, backend: StorageBackend | None) -> StorageTier | None:
         cfg = self.config.storage
         if backend is None and not cfg.enabled:
             return None
@@ -131,110 +113,83 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         if backend is None:
             named = dataclasses.replace(cfg, fingerprint=self.fingerprint.hex())
             backend = create(cfg.backend, named)
-        return StorageIO(backend, self.host_pool, self.config.policy.io_workers)
+        io = StorageIO(backend, self.host_pool, self.config.policy.io_workers)
+        return StorageTier(io, self.page_size)
 
+    def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:
+        if self.host is not None:
+            self.host.on_split(upper, lower)
+
+    # views kept for callers ------------------------------------------------
+    @property
+    def tree(self) -> RadixTree:
+        return self.residency.tree
+
+    @property
+    def transfer(self) -> TransferEngine | None:
+        return None if self.host is None else self.host.transfer
+
+    @property
+    def storage(self) -> StorageIO | None:
+        return None if self.store is None else self.store.io
+
+    @property
+    def metrics(self):
+        return self.observer.metrics
+
+    @property
+    def events(self):
+        return self.observer.events
+
+    # match and insert ---------------------------------------------------------
     def match_prefix(
         self, tokens: Tokens, namespace: str | None = None, with_storage: bool = False
     ) -> MatchResult:
         """Longest cached page-aligned prefix of ``tokens``; splits a node when
         the match ends inside it and refreshes LRU/LFU state along the path.
-        With ``with_storage`` (and a storage tier), also counts the tokens past
-        the host match that storage holds."""
+        ``result.key`` is ``tokens`` converted and checked: pass it (extended
+        with tokens generated since) to ``cache_*_req`` to skip a conversion.
+        With ``with_storage``, ``storage_hit_length`` is what the last
+        completed storage lookup of the pages past the host match found; when
+        none completed yet it is 0 and a lookup starts on the I/O workers (the
+        backend is never called here)."""
         key = as_token_list(tokens)
-        key = key[: len(key) // self.page_size * self.page_size]
-        walk = self.tree.walk(key, namespace, split=True)
-        self._settle_loads(walk.path)
-        now = self.tree.tick()
-        last_device, host_len, device_parts = self.tree.root, 0, []
-        last_host, to_back_up = self.tree.root, []
-        for node in walk.path:
-            if node in self._bad_device:
-                break  # a failed load: neither tier's copy may be used through it
-            node.last_access = now
-            node.hit_count += 1
-            last_host = node
-            if node.device is not None:
-                last_device = node
-                device_parts.append(node.device)
-                to_back_up.append(node)
-            else:
-                host_len += len(node.key)
-        indices = torch.cat(device_parts) if device_parts else empty_slots()
-        self._selective_backups(to_back_up, walk.path)
+        aligned = key[: align_down(len(key), self.page_size)]
+        path = self.residency.walk(aligned, namespace)
+        if self.host is not None and any(n.load_op is not None for n in path):
+            self._route(self.host.settle(path))
+        found = self.residency.touch(path)
+        indices = torch.cat(found.device_parts) if found.device_parts else empty_slots()
+        self._selective_backups(found.device_nodes, path)
         stored = 0
-        if with_storage and self.storage is not None:
-            stored = self._storage_hits(key, last_host, namespace)
-        self.metrics.record_match(int(indices.numel()), host_len, stored, len(key))
-        return MatchResult(indices, last_device, last_host, host_len, stored)
+        if with_storage and self.store is not None:
+            start = self.residency.depth_tokens(found.last_host)
+            tail = page_keys(
+                self.keys.chain_from(found.last_host), namespace, aligned[start:], self.page_size
+            )
+            stored = self.store.known_hits(tail) * self.page_size
+        self.observer.metrics.record_match(
+            int(indices.numel()), found.host_len, stored, len(aligned)
+        )
+        return MatchResult(indices, found.last_device, found.last_host, found.host_len, stored, key)
 
     def insert(
-        self, tokens: Tokens, device_slots: torch.Tensor, namespace: str | None = None
+        self,
+        tokens: Tokens,
+        device_slots: torch.Tensor,
+        namespace: str | None = None,
+        *,
+        priority: int = 0,
     ) -> InsertResult:
         """Cache the whole pages of ``tokens`` whose KV is at ``device_slots``.
 
-        Call only after the forward pass has written that KV. The slots are
-        the request's; pages the tree already holds keep the tree's slots and
-        the request's duplicates are freed; new pages pass to the tree. Slots
-        past ``result.inserted_len`` stay the caller's.
-        """
-        key = as_token_list(tokens)
-        self._check_slots(device_slots, len(key))
-        aligned = len(key) // self.page_size * self.page_size
-        return self._insert(key[:aligned], device_slots[:aligned], namespace)
-
-    def _insert(
-        self, key: Key, slots: torch.Tensor, ns: str | None, finished: bool = False
-    ) -> InsertResult:
-        walk = self.tree.walk(key, ns, split=True)
-        pos, now, node = 0, self.tree.tick(), self.tree.root
-        for i, step in enumerate(walk.path):
-            if step in self._bad_device:
-                # Its device copy is unusable and still held: keep the request's
-                # own KV from here on rather than trade it for garbage.
-                if finished:
-                    self._free_own(walk.path[i:], slots[pos:])
-                return InsertResult(walk.length, node, pos)
-            node = step
-            node.last_access = now
-            self._absorb(node, slots[pos : pos + len(node.key)])
-            pos += len(node.key)
-        prefix_len = walk.length
-        if pos < len(key):
-            node = self.tree.add_child(node, key[pos:], ns)
-            node.last_access = now
-            node.device = slots[pos:].clone()
-            self._request_held -= len(node.key)
-            self._evictable += len(node.key)
-            self._on_new_device_node(node)
-            self.metrics.add("inserted_tokens", len(node.key))
-            self._emit_stored(node, "device")
-            if self._policy.write_policy == "write_through":
-                self._backup(node)
-        return InsertResult(prefix_len, node, len(key))
-
-    def _free_own(self, nodes: list[TreeNode], slots: torch.Tensor) -> None:
-        """Free a finished request's slots that ``nodes`` (consecutive, from
-        where its insert stopped) do not hold."""
-        own, pos = [], 0
-        for node in nodes:
-            part = slots[pos : pos + len(node.key)]
-            own.append(part if node.device is None else part[node.device != part])
-            pos += len(node.key)
-        own.append(slots[pos:])
-        self._free_request_slots(torch.cat(own))
-
-    def _absorb(self, node: TreeNode, slots: torch.Tensor) -> None:
-        """The request also computed ``node``'s pages: keep one copy."""
-        if node.device is None:
-            node.device = slots.clone()  # revive a host-only node with the fresh KV
-            self._request_held -= len(slots)
-            self._add_device_tokens(node)
-            self._on_new_device_node(node)
-            self._emit_stored(node, "device")
-            return
-        dup = slots[node.device != slots]
-        if dup.numel():
-            self._free_request_slots(dup)
+        Call only after the forward pass has written that KV. Slots that are
+        not the tree's own must be request-held (SlotError otherwise). Pages
+        the tree already holds keep the tree's slots and the request's
+        duplicates are freed; new pages pass to the tree. Slots past
+        ``result.inserted_len`` stay the caller's."""
+        key, aligned = self._door(tokens, device_slots)
+        return self._insert(key, aligned, device_slots, namespace, empty_slots(), False, priority)
 
     def cache_finished_req(
         self,
@@ -242,17 +197,20 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         device_slots: torch.Tensor,
         last_node: TreeNode,
         namespace: str | None = None,
+        *,
+        priority: int = 0,
     ) -> InsertResult:
         """A request is done: insert its KV, free its duplicates and its partial
         tail page, and drop the lock it held on ``last_node`` (from its match)."""
-        key = as_token_list(tokens)
-        self._check_slots(device_slots, len(key))
-        self._check_node(last_node, locked=True)
-        aligned = len(key) // self.page_size * self.page_size
-        result = self._insert(key[:aligned], device_slots[:aligned], namespace, finished=True)
-        self.dec_lock_ref(last_node)
-        if aligned < len(key):
-            self._free_request_slots(self._tail_page(device_slots[aligned]))
+        key, aligned = self._door(tokens, device_slots)
+        self.residency.check_node(last_node, locked=True)
+        tail = (
+            page_of(int(device_slots[aligned]), self.page_size)
+            if aligned < len(key)
+            else empty_slots()
+        )
+        result = self._insert(key, aligned, device_slots, namespace, tail, True, priority)
+        self.residency.unlock(last_node)
         return result
 
     def cache_unfinished_req(
@@ -261,144 +219,454 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         device_slots: torch.Tensor,
         last_node: TreeNode,
         namespace: str | None = None,
+        *,
+        priority: int = 0,
     ) -> UnfinishedResult:
-        """Mid-request (chunked prefill, decode): insert what is computed so far
-        and move the request's lock from ``last_node`` to the new last node.
-        Use ``result.device_indices`` for the first positions from now on; the
-        slots after them (the partial tail page, or more when the insert
-        stopped at a failed load, see ``InsertResult``) stay the request's."""
-        key = as_token_list(tokens)
-        self._check_slots(device_slots, len(key))
-        self._check_node(last_node, locked=True)
-        aligned = len(key) // self.page_size * self.page_size
-        result = self._insert(key[:aligned], device_slots[:aligned], namespace)
-        self.inc_lock_ref(result.last_node)
-        self.dec_lock_ref(last_node)
-        parts = [n.device for n in reversed(list(self.tree.path_to_root(result.last_node)))]
-        indices = torch.cat(parts) if parts else empty_slots()
+        """Mid-request: insert what is computed so far and move the request's
+        lock from ``last_node`` to the new last node. Use
+        ``result.device_indices`` for the first positions from now on; the
+        slots after them stay the request's."""
+        key, aligned = self._door(tokens, device_slots)
+        self.residency.check_node(last_node, locked=True)
+        result = self._insert(key, aligned, device_slots, namespace, empty_slots(), False, priority)
+        self.residency.lock(result.last_node)
+        self.residency.unlock(last_node)
+        indices = self.residency.prefix_slots(result.last_node)
         return UnfinishedResult(indices, result.last_node, result.prefix_len)
 
+    def _door(self, tokens: Tokens, slots: torch.Tensor) -> tuple[Key, int]:
+        key = as_token_list(tokens)
+        if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
+            raise ValueError("device_slots must be a 1-D int64 tensor")
+        if slots.numel() != len(key):
+            raise ValueError(f"{len(key)} tokens but {slots.numel()} device slots")
+        return key, align_down(len(key), self.page_size)
+
+    def _insert(
+        self,
+        key: Key,
+        aligned: int,
+        slots: torch.Tensor,
+        ns: str | None,
+        tail: torch.Tensor,
+        finished: bool,
+        priority: int,
+    ) -> InsertResult:
+        out = self.residency.insert(key[:aligned], slots[:aligned], ns, tail, finished, priority)
+        for node in out.new_device:
+            self.observer.stored(node, "device")
+        if out.added is not None:
+            self.observer.metrics.add("inserted_tokens", len(out.added.key))
+            if self._write.on_insert:
+                self._backup(out.added)
+        return out.result
+
+    # locks and device slots ------------------------------------------------
     def inc_lock_ref(self, node: TreeNode) -> None:
         """Pin ``node`` and its ancestors on device (they will not be evicted)."""
-        self._check_node(node, locked=False)
-        for n in self.tree.path_to_root(node):
-            if n.device is None:
-                raise CacheError(f"cannot lock {n!r}: it is not on device")
-        for n in self.tree.path_to_root(node):
-            if n.lock_ref == 0:
-                self._evictable -= len(n.key)
-                self._protected += len(n.key)
-                self._leaves.discard(n)
-            n.lock_ref += 1
+        self.residency.lock(node)
 
     def dec_lock_ref(self, node: TreeNode) -> None:
         """Undo one ``inc_lock_ref(node)``; CacheError if ``node`` is not locked."""
-        self._check_node(node, locked=True)
-        for n in self.tree.path_to_root(node):
-            n.lock_ref -= 1
-            if n.lock_ref == 0:
-                self._evictable += len(n.key)
-                self._protected -= len(n.key)
-                self._refresh_leaf(n)
+        self.residency.unlock(node)
 
     def alloc_device(self, num_tokens: int) -> torch.Tensor | None:
         """Device slots for a request (whole pages), evicting if needed; None if
         even eviction cannot make room. The slots are request-held until they
         are inserted or passed to ``free_device``."""
-        need = -(-num_tokens // self.page_size) * self.page_size
-        slots = self._alloc_tree_slots(need)
-        if slots is not None:
-            self._request_held += need
-        return slots
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        return self._alloc_device(align_up(num_tokens, self.page_size))
+
+    def _alloc_device(self, num_tokens: int) -> torch.Tensor | None:
+        """Evict as needed; when only backups in flight (locked) stand in the
+        way, wait for their acks and retry rather than fail."""
+        alloc = self.device_pool.allocator
+        if alloc.available() < num_tokens:
+            self.evict(num_tokens - alloc.available())
+        short = alloc.available() < num_tokens
+        if short and self.host is not None and self.host.backups_in_flight():
+            self._route(self.host.wait_backups())
+            self.evict(num_tokens - alloc.available())
+        return alloc.alloc(num_tokens)
 
     def free_device(self, slots: torch.Tensor) -> None:
-        """Return request-held slots (whole pages) that never reached the tree."""
-        self._free_request_slots(slots)
-
-    def _free_request_slots(self, slots: torch.Tensor) -> None:
-        if slots.numel() > self._request_held:
-            raise CacheError("freeing more slots than requests hold")
-        self.device_pool.allocator.free(slots)
-        self._request_held -= slots.numel()
-
-    def _tail_page(self, slot: torch.Tensor) -> torch.Tensor:
-        first = int(slot) // self.page_size * self.page_size
-        return torch.arange(first, first + self.page_size, dtype=torch.int64)
+        """Return request-held slots (whole pages) that never reached the tree;
+        SlotError (nothing freed) for any other slot."""
+        self.device_pool.allocator.free_request(slots)
 
     def evictable_size(self) -> int:
-        return self._evictable
+        return self.residency.evictable_size()
 
     def protected_size(self) -> int:
-        return self._protected
+        return self.residency.protected_size()
 
     def request_held_size(self) -> int:
         """Device slots handed out by ``alloc_device`` and not yet returned."""
-        return self._request_held
+        return self.device_pool.allocator.request_held()
 
     def host_reserved_size(self) -> int:
         """Host slots reserved for prefetches and not yet in the tree."""
-        return sum(p.host_slots.numel() for p in self._prefetch_jobs.values())
+        return 0 if self.store is None else self.store.reserved()
 
     def device_tokens(self) -> int:
-        return self._evictable + self._protected
+        return self.residency.device_tokens()
 
     def node_page_keys(self, node: TreeNode) -> list[bytes]:
-        """Storage keys of ``node``'s pages, computed once and cached on the node."""
-        if node.page_keys is None:
-            parent = node.parent
-            assert parent is not None
-            if parent is self.tree.root:
-                parent_key = self.fingerprint
-            else:
-                parent_key = self.node_page_keys(parent)[-1]
-            node.page_keys = page_keys(parent_key, node.namespace, node.key, self.page_size)
-        return node.page_keys
+        """Storage keys of ``node``'s pages, computed once and kept on the node."""
+        return self.keys.of(node)
 
+    # eviction ----------------------------------------------------------------
+    def evict(self, num_tokens: int) -> EvictResult:
+        """Free at least ``num_tokens`` device tokens if unlocked leaves allow it,
+        by the eviction policy. A leaf with a host copy is demoted (stays,
+        host-only); a leaf the write policy (or host-only children) wants kept
+        is backed up first, waiting for the copy; otherwise it is deleted."""
+        freed = demoted = deleted = 0
+        while freed < num_tokens:
+            step = self.residency.evict_pass(num_tokens - freed, self._needs_write_back)
+            dropped = list(step.dropped)
+            lost = 0
+            for node in step.write_back:
+                done = self._write_back(node)
+                lost += 0 if done is not None else len(node.key)
+                dropped += [done] if done is not None else []
+            self._route_dropped(dropped, "device")
+            if step.freed - lost == 0:
+                break
+            freed += step.freed - lost
+            demoted += sum(len(d.node.key) for d in dropped if not d.deleted)
+            deleted += sum(len(d.node.key) for d in dropped if d.deleted)
+        return EvictResult(freed, demoted, deleted)
+
+    def _needs_write_back(self, node: TreeNode) -> bool:
+        # Host-only children would be orphaned by deleting their parent.
+        return self.host is not None and (self._write.on_evict or bool(node.children))
+
+    def _write_back(self, node: TreeNode) -> Dropped | None:
+        op = self._backup(node)
+        if op is not None and self.host is not None:
+            self._route([self.host.wait(op)])
+        return self.residency.finish_write_back(node)
+
+    def evict_host(self, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` host tokens from unpinned host-only
+        leaves; the nodes are deleted (their pages may live on in storage)."""
+        if self.host is None:
+            return 0
+        dropped = self.host.evict(num_tokens)
+        self._route_dropped(dropped, "host")
+        return sum(len(d.node.key) for d in dropped)
+
+    def _route_dropped(self, dropped: list[Dropped], medium: str) -> None:
+        for d in dropped:
+            key = "demoted_tokens_device" if medium == "device" and not d.deleted else None
+            self.observer.metrics.add(key or f"evicted_tokens_{medium}", len(d.node.key))
+            if d.announced:
+                self.observer.removed(d.node, "device" if medium == "device" else "host")
+            if medium == "host" and d.deleted:
+                self.residency.remove_leaf(d.node)
+
+    def _make_host_room(self, num_tokens: int) -> None:
+        assert self.host is not None
+        self._route_dropped(self.host.make_room(num_tokens), "host")
+
+    # host tier ---------------------------------------------------------------
+    def _backup(self, node: TreeNode) -> int | None:
+        """Start a D2H copy of ``node``, locked until its ``BackupDone``."""
+        if self.host is None or node.device is None or node.host is not None:
+            return None
+        self._make_host_room(len(node.key))
+        op = self.host.backup(node)
+        if op is not None:
+            self.residency.lock(node)
+        return op
+
+    def _selective_backups(self, nodes: list[TreeNode], path: list[TreeNode]) -> None:
+        """Back up the hot ``nodes`` of a match when the write policy says so.
+        The match's host copies are pinned meanwhile: making host room must not
+        evict a host-only node the match is about to return."""
+        if self.host is None:
+            return
+        threshold = self.config.policy.write_through_threshold
+        hot = [
+            n
+            for n in nodes
+            if n.host is None and n.backup_op is None and self._write.on_hit(n.hit_count, threshold)
+        ]
+        if not hot:
+            return
+        pin = self.host.pin(n for n in path if n.host is not None)
+        try:
+            for node in hot:
+                self._backup(node)
+        finally:
+            self.host.unpin(pin)
+
+    def init_load_back(self, last_host_node: TreeNode, host_hit_length: int) -> LoadBackResult:
+        """Bring the host-only nodes above ``last_host_node`` back to device:
+        device slots are allocated (evicting if needed) and the H2D copy is
+        queued; ``start_loading()`` launches it and ``wait_layer(i)`` gates
+        attention. Loads below ``policy.load_back_threshold`` tokens, or that
+        cannot get device slots, load nothing (``loaded_tokens == 0``)."""
+        if self.host is None or self.host.transfer is None:
+            raise CacheError("the host tier is disabled or closed")
+        self.residency.check_node(last_host_node, locked=False)
+        chain = self.residency.host_chain(last_host_node)
+        total = sum(len(n.key) for n in chain)
+        anchor = chain[0].parent if chain else last_host_node
+        assert anchor is not None
+        threshold = max(self.config.policy.load_back_threshold, 1)
+        if total == 0 or total < threshold or host_hit_length <= 0:
+            return LoadBackResult(empty_slots(), anchor, 0)
+        # Pin what we stand on while allocation evicts: the device prefix and
+        # the host copies to load.
+        self.residency.lock(anchor)
+        pin = self.host.pin(chain)
+        try:
+            slots = self._alloc_device(total)
+        finally:
+            self.host.unpin(pin)
+            self.residency.unlock(anchor)
+        if slots is None:
+            return LoadBackResult(empty_slots(), anchor, 0)
+        self.residency.attach_device(chain, slots)
+        self.residency.lock(chain[-1])
+        self.host.queue_load(chain, slots)
+        return LoadBackResult(slots.clone(), chain[-1], int(slots.numel()))
+
+    def admit(self, match: MatchResult) -> AdmitResult:
+        """Take a match into use: load its host hit back when worth it and lock
+        the prefix's last node for the request. The caller still calls
+        ``start_loading()`` once for the batch, and ``dec_lock_ref`` /
+        ``cache_*_req`` on ``result.last_node`` later."""
+        prefix, last, loaded = match.device_indices, match.last_device_node, 0
+        if match.host_hit_length and self.transfer is not None:
+            lb = self.init_load_back(match.last_host_node, match.host_hit_length)
+            if lb.loaded_tokens:
+                prefix, last = torch.cat([prefix, lb.device_indices]), lb.last_node
+                loaded = lb.loaded_tokens
+        self.residency.lock(last)
+        return AdmitResult(prefix, last, loaded)
+
+    def start_loading(self) -> None:
+        """Launch every queued load-back, layer by layer: the loads the next
+        forward pass reads. Call once per batch, before its ``wait_layer``s."""
+        if self.host is not None:
+            self.host.start_loading()
+
+    def wait_layer(self, layer: int) -> None:
+        """Block until layer ``layer`` of this batch's loads is on device.
+        TransferError if one of them failed: the pass must not use its KV."""
+        if self.host is not None:
+            self.host.wait_layer(layer)
+
+    # storage tier --------------------------------------------------------------
+    def prefetch(
+        self, request_id: str, tokens: Tokens, namespace: str | None, last_host_node: TreeNode
+    ) -> int:
+        """Look up, and fetch into reserved host slots, the pages of ``tokens``
+        past ``last_host_node`` that storage holds: one job on the storage I/O
+        workers (this call never waits for the backend). Returns the tokens
+        looked up (0 when fewer than ``policy.prefetch_threshold`` could be,
+        or no host room); ``check_prefetch`` reports how many arrived. On
+        completion they are inserted as host-only nodes. CacheError if
+        ``request_id`` already has a prefetch."""
+        if self.store is None or self.host is None:
+            return 0
+        if self.store.has_prefetch(request_id):
+            raise CacheError(f"request {request_id!r} already has a prefetch")
+        key = as_token_list(tokens)
+        self.residency.check_node(last_host_node, locked=False)
+        start = self.residency.depth_tokens(last_host_node)
+        aligned = align_down(len(key), self.page_size)
+        threshold = self.config.policy.prefetch_threshold
+        if aligned - start <= 0 or aligned - start < threshold:
+            return 0
+        keys = page_keys(
+            self.keys.chain_from(last_host_node), namespace, key[start:aligned], self.page_size
+        )
+        pin = self.host.pin(self.residency.host_chain(last_host_node))  # what the pages hang from
+        self._make_host_room(aligned - start)
+        slots = self.host.reserve(aligned - start)
+        if slots is None:
+            self.host.unpin(pin)
+            return 0
+        min_pages = -(-threshold // self.page_size)
+        self.store.start_prefetch(request_id, key, namespace, start, keys, slots, pin, min_pages)
+        self.observer.metrics.add("prefetch_started")
+        return aligned - start
+
+    def check_prefetch(self, request_id: str) -> PrefetchStatus:
+        """Progress of ``request_id``'s prefetch and whether the request may
+        proceed under ``policy.prefetch_policy``; never waits. CacheError if
+        unknown."""
+        state = self.store.prefetch(request_id) if self.store else None
+        if state is None or self.store is None:
+            raise CacheError(f"no prefetch for request {request_id!r}")
+        if not state.done:
+            self._route(self.store.poll())
+        total = len(state.keys) * self.page_size
+        policy = self.config.policy
+        budget = policy.prefetch_timeout_base_s + policy.prefetch_timeout_per_1k_s * total / 1000
+        waited = time.monotonic() - state.started
+        ready = self._prefetch.ready(state.done, waited, budget)
+        return PrefetchStatus(ready, state.done, state.fetched, total)
+
+    def wait_prefetch(self, request_id: str) -> PrefetchStatus:
+        """Block until ``request_id``'s prefetch has landed and been inserted."""
+        if self.store is None:
+            raise CacheError(f"no prefetch for request {request_id!r}")
+        job = self.store.prefetch_job(request_id)
+        if job is not None:
+            self._route(self.store.wait(job))
+        return self.check_prefetch(request_id)
+
+    def release_prefetch(self, request_id: str) -> None:
+        """The request no longer waits on its prefetch; a fetch still running
+        is inserted when it lands. CacheError if unknown."""
+        if self.store is None:
+            raise CacheError(f"no prefetch for request {request_id!r}")
+        self.store.release(request_id)
+
+    def _finish_prefetch(self, done: PrefetchDone) -> None:
+        assert self.host is not None
+        state, ps = done.state, self.page_size
+        got = done.fetched_pages * ps
+        self.observer.metrics.record_transfer("s2h", done.nbytes, done.ok)
+        if done.found_pages and done.found_pages * ps < self.config.policy.prefetch_threshold:
+            self.observer.metrics.add("prefetch_below_threshold")
+        outcome = "complete" if got == state.host_slots.numel() else "partial" if got else "failed"
+        self.observer.metrics.add(f"prefetch_{outcome}")
+        self.host.free_reserved(state.host_slots[got:])
+        slots = state.host_slots[:got]
+        graft = self.residency.graft(state.key[: state.start + got], state.namespace, state.start)
+        if graft.have < 0:  # the prefix they hang from is gone: nothing to attach to
+            self.host.free_reserved(slots)
+        else:
+            self.host.free_reserved(slots[: graft.have])
+        if graft.node is not None:
+            self.host.adopt(graft.node, slots[graft.have :])
+            self.keys.assign(graft.node, state.keys[graft.have // ps : got // ps])
+            self.observer.stored(graft.node, "host")
+        self.host.unpin(state.pin_id)
+
+    # completions -------------------------------------------------------------
+    def poll(self) -> PollResult:
+        """Apply finished transfers and storage jobs. Call on every scheduler
+        tick; never waits."""
+        records: list[Record] = []
+        if self.host is not None:
+            records += self.host.poll()
+        if self.store is not None:
+            records += self.store.poll()
+        counts = self._route(records)
+        self._retire_bad_device()
+        self.observer.flush()
+        return counts
+
+    def drain(self) -> None:
+        """Launch queued loads and wait until every transfer and storage job
+        has been applied (storage puts started by the backups included)."""
+        if self.host is None:
+            return
+        self._route(self.host.drain())
+        if self.store is not None:
+            self._route(self.store.drain())
+        self.poll()
+
+    def _route(self, records: list[Record]) -> PollResult:
+        """Apply each part's records to the parts they concern."""
+        backups = loads = failures = 0
+        for rec in records:
+            if isinstance(rec, BackupDone):
+                self._on_backup(rec)
+                backups, failures = backups + rec.ok, failures + (not rec.ok)
+            elif isinstance(rec, LoadDone):
+                self.observer.metrics.record_transfer("h2d", rec.nbytes, True)
+                for n in rec.nodes:
+                    self.observer.stored(n, "device")
+                self.residency.unlock(rec.node)
+                loads += 1
+            elif isinstance(rec, LoadFailed):
+                self.observer.metrics.record_transfer("h2d", 0, False)
+                self.residency.mark_bad(rec.nodes)
+                self.residency.unlock(rec.node)
+                failures += 1
+            else:
+                self._route_storage(rec)
+        return PollResult(backups, loads, failures)
+
+    def _on_backup(self, rec: BackupDone) -> None:
+        self.observer.metrics.record_transfer("d2h", rec.nbytes, rec.ok)
+        self.residency.unlock(rec.node)
+        if not rec.ok:
+            return
+        for n in rec.nodes:
+            self.observer.stored(n, "host")
+            if self.store is not None and self.host is not None and n.host is not None:
+                event = self.observer.stored_event(n, "storage")
+                self.store.put(self.keys.of(n), n.host, self.host.pin([n]), event)
+
+    def _route_storage(self, rec: PutDone | PrefetchDone | LookupDone | StorageRemoved) -> None:
+        if isinstance(rec, PutDone):
+            assert self.host is not None
+            self.host.unpin(rec.pin)
+            self.observer.metrics.record_transfer("h2s", rec.nbytes, rec.ok)
+            self.observer.stored_leading(rec.event, rec.stored_pages)
+        elif isinstance(rec, PrefetchDone):
+            self._finish_prefetch(rec)
+        elif isinstance(rec, StorageRemoved):
+            self.observer.storage_removed(rec.keys)
+
+    def _retire_bad_device(self) -> None:
+        """Drop the copies of failed loads once nobody holds them: the device
+        copy, and the host copies below it, so the next request recomputes."""
+        if self.host is None:
+            return
+        for dropped in self.residency.retire_bad():
+            self._route_dropped(self.host.drop_subtree(dropped.node), "host")
+
+    # administration ------------------------------------------------------------
     def reset(self) -> None:
         """Drop every cached page in the device and host tiers (storage keeps
         its pages). Waits for transfers in flight first; CacheError (nothing
         dropped) while requests hold locks or prefetches are registered."""
         self.drain()
-        if self._protected or self._prefetches:
+        if self.residency.protected_size() or (self.store and self.store.reserved()):
             raise CacheError("cannot reset while requests hold locks")
-        for node in list(self.tree.nodes()):
-            if node.device is not None:
-                self.device_pool.allocator.free(node.device)
-                node.device = None
-            if node.host is not None and self.host_pool is not None:
-                self.host_pool.allocator.free(node.host)
-                node.host = None
-            node.tree = None
-        self.tree.root.children.clear()
-        self._leaves.clear()
-        self._bad_device.clear()
-        self._evictable = 0
-        if self.events is not None:
-            self.events.emit(AllBlocksCleared())
-            self.events.flush()
+        nodes = self.residency.clear()
+        if self.host is not None:
+            self.host.clear(nodes)
+        self.observer.cleared()
 
     def close(self) -> None:
         """Wait for transfers and storage writes in flight, then stop the
         workers and close the storage backend. Idempotent."""
-        if self.transfer is not None:
+        if self.host is not None and self.host.transfer is not None:
             self.drain()
-            self.transfer.close()
-            self.transfer = None
-        if self.storage is not None:
-            self.storage.close()
-            self.storage = None
-        if self.events is not None:
-            self.events.close()
-            self.events = None
-        if self._metrics_server is not None:
-            self._metrics_server.close()
-            self._metrics_server = None
+            self.host.close()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        self.observer.close()
 
     def __enter__(self) -> HiRadixCache:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def stats(self) -> CacheStats:
+        """A snapshot of the cache's counters (thread-safe)."""
+        return self.observer.stats()
+
+    def _gauges(self) -> Gauges:
+        host = 0
+        if self.host_pool is not None:
+            alloc = self.host_pool.allocator
+            host = alloc.capacity - alloc.available()
+        return Gauges(self.device_tokens(), host, self.protected_size())
 
     def pretty_print(self) -> str:
         """The tree as indented text, one node a line."""
@@ -412,17 +680,14 @@ class HiRadixCache(EvictionMixin, HostTierMixin, StorageTierMixin, Observability
         return "\n".join(["root", *lines])
 
     def check_integrity(self) -> None:
-        """Assert every invariant of DESIGN §3; AssertionError names the broken one."""
-        check_tree(self)
-
-    def _check_node(self, node: TreeNode, locked: bool) -> None:
-        if not isinstance(node, TreeNode) or node.tree is not self.tree:
-            raise CacheError(f"{node!r} is not a live node of this tree")
-        if locked and node is not self.tree.root and node.lock_ref <= 0:
-            raise CacheError(f"{node!r} is not locked")
-
-    def _check_slots(self, slots: torch.Tensor, n: int) -> None:
-        if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
-            raise ValueError("device_slots must be a 1-D int64 tensor")
-        if slots.numel() != n:
-            raise ValueError(f"{n} tokens but {slots.numel()} device slots")
+        """Assert every invariant of DESIGN §3 and each part's own ``check()``;
+        AssertionError names the broken one."""
+        check_tree(self.residency.tree, self.page_size)
+        self.residency.check()
+        reserved = 0
+        if self.store is not None:
+            self.store.check()
+            reserved = self.store.reserved()
+        if self.host is not None:
+            self.host.check(reserved)
+        self.observer.check()

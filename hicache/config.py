@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from device_pool import KVShape, dtype_from_name
+from hicache.eviction import EVICTION_POLICIES
+from hicache.prefetch_policy import PREFETCH_POLICIES
+from hicache.write_policy import WRITE_POLICIES
 from storage_backends import StorageConfig
 
 Scalar = str | int | float | bool
@@ -120,17 +123,9 @@ class PolicyConfig:
     io_workers: int = 2
 
     def __post_init__(self) -> None:
-        _one_of(self.eviction, ("lru", "lfu"), "policy.eviction")
-        _one_of(
-            self.write_policy,
-            ("write_through", "write_through_selective", "write_back"),
-            "policy.write_policy",
-        )
-        _one_of(
-            self.prefetch_policy,
-            ("best_effort", "wait_complete", "timeout"),
-            "policy.prefetch_policy",
-        )
+        _one_of(self.eviction, tuple(EVICTION_POLICIES), "policy.eviction")
+        _one_of(self.write_policy, tuple(WRITE_POLICIES), "policy.write_policy")
+        _one_of(self.prefetch_policy, tuple(PREFETCH_POLICIES), "policy.prefetch_policy")
         for name in ("write_through_threshold", "io_workers"):
             _check(getattr(self, name) >= 1, f"policy.{name}", "must be >= 1")
         for name in ("load_back_threshold", "prefetch_threshold"):

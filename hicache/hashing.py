@@ -13,6 +13,7 @@ from array import array
 from collections.abc import Sequence
 
 from hicache.config import ModelConfig
+from hicache.radix_tree import TreeNode
 
 LAYOUT_VERSION = 1
 KEY_BYTES = 32
@@ -72,3 +73,45 @@ def _le(packed: array) -> bytes:
     swapped = array("i", packed)
     swapped.byteswap()
     return swapped.tobytes()
+
+
+class NodeKeys:
+    """Storage keys of tree nodes: the one home for "the page key of a node's
+    parent". Keys are computed once per node and kept on ``node.page_keys``
+    (a split divides them); stateless otherwise. Owner thread only."""
+
+    def __init__(self, fingerprint: bytes, page_size: int) -> None:
+        self.fingerprint = fingerprint
+        self.page_size = page_size
+
+    def of(self, node: TreeNode) -> list[bytes]:
+        """Keys of ``node``'s pages (also for a node removed from the tree)."""
+        if node.page_keys is None:
+            node.page_keys = page_keys(
+                self.parent_of(node), node.namespace, node.key, self.page_size
+            )
+        return node.page_keys
+
+    def assign(self, node: TreeNode, keys: list[bytes]) -> None:
+        """Keys already computed for ``node`` (a prefetch carries them)."""
+        assert len(keys) * self.page_size == len(node.key), "one key per page"
+        node.page_keys = keys
+
+    def parent_of(self, node: TreeNode) -> bytes:
+        """The key ``node``'s first page chains from: the parent's last page
+        key, or the model fingerprint below the root."""
+        parent = node.parent
+        assert parent is not None, "the root has no page keys"
+        return self.chain_from(parent)
+
+    def chain_from(self, node: TreeNode) -> bytes:
+        """The key that pages hung below ``node`` chain from."""
+        if node.parent is None:  # the root
+            return self.fingerprint
+        return self.of(node)[-1]
+
+    def event_parent(self, node: TreeNode) -> bytes | None:
+        """The parent block hash a KV event names (None below the root)."""
+        parent = node.parent
+        assert parent is not None
+        return None if parent.parent is None else self.of(parent)[-1]

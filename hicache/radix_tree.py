@@ -10,7 +10,7 @@ of their first page, which hash faster than tuples of ints.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -31,6 +31,7 @@ class TreeNode:
     __slots__ = (
         "backup_op",
         "children",
+        "created",
         "device",
         "hit_count",
         "host",
@@ -43,6 +44,7 @@ class TreeNode:
         "namespace",
         "page_keys",
         "parent",
+        "priority",
         "tree",
     )
 
@@ -60,6 +62,8 @@ class TreeNode:
         self.host_ref = 0
         self.hit_count = 0
         self.last_access = 0
+        self.created = tree.now()  # logical time of insertion (FIFO eviction)
+        self.priority = 0  # highest priority of the requests that used it
         self.backup_op: int | None = None  # D2H copy in flight: host not yet reliable
         self.load_op: int | None = None  # H2D copy in flight: device not yet readable
 
@@ -82,20 +86,31 @@ class WalkResult(NamedTuple):
     path: list[TreeNode]
 
 
-def as_token_list(tokens: Sequence[int] | torch.Tensor | array) -> Key:
+def as_token_list(tokens: Sequence[int] | torch.Tensor | np.ndarray | array) -> Key:
     """Validate token ids (ints in [0, 2**31)) and return them as ``array('i')``.
 
-    Raises ValueError before anything is touched; the ids are hashed as int32.
+    This is where token ids enter the cache, once per request: an
+    ``array('i')`` (e.g. ``MatchResult.key``) is checked vectorised and taken
+    as is, a tensor or numpy array is checked vectorised and converted in one
+    copy; only a Python list is packed element by element. Raises ValueError
+    before anything is touched; the ids are hashed as int32.
     """
+    if isinstance(tokens, array):
+        if tokens.typecode != "i":
+            raise ValueError(f"token array must have typecode 'i', got {tokens.typecode!r}")
+        if tokens and int(np.frombuffer(tokens, dtype=np.int32).min()) < 0:
+            raise ValueError("token ids must be >= 0")
+        return tokens
     if isinstance(tokens, torch.Tensor):
         if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
             raise ValueError(f"token tensor must be 1-D integer, got {tokens.dtype} {tokens.shape}")
-        t = tokens.detach().cpu()
-        if t.numel() and (int(t.min()) < 0 or int(t.max()) > MAX_TOKEN_ID):
-            raise ValueError("token ids must be in [0, 2**31)")
-        return array("i", t.to(torch.int32).numpy().tobytes())
-    if isinstance(tokens, str | bytes):
-        raise ValueError("tokens must be a sequence of ints, not a string")
+        return _from_numpy(tokens.detach().cpu().numpy())
+    if isinstance(tokens, np.ndarray):
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise ValueError(f"token array must be 1-D integer, got {tokens.dtype} {tokens.shape}")
+        return _from_numpy(tokens)
+    if isinstance(tokens, str | bytes | Mapping | set | frozenset):
+        raise ValueError(f"tokens must be a sequence of ints, not a {type(tokens).__name__}")
     try:
         packed = array("i", tokens)
     except (TypeError, OverflowError) as e:
@@ -103,6 +118,12 @@ def as_token_list(tokens: Sequence[int] | torch.Tensor | array) -> Key:
     if packed and int(np.frombuffer(packed, dtype=np.int32).min()) < 0:
         raise ValueError("token ids must be >= 0")
     return packed
+
+
+def _from_numpy(ids: np.ndarray) -> Key:
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) > MAX_TOKEN_ID):
+        raise ValueError("token ids must be in [0, 2**31)")
+    return array("i", ids.astype(np.int32, copy=False).tobytes())
 
 
 class RadixTree:
@@ -128,6 +149,10 @@ class RadixTree:
     def next_id(self) -> int:
         self._ids += 1
         return self._ids
+
+    def now(self) -> int:
+        """The logical clock's current value (no tick)."""
+        return self._clock
 
     def tick(self) -> int:
         """A logical clock for LRU: strictly increasing, identical across runs."""
@@ -189,7 +214,16 @@ class RadixTree:
         ckey = self.child_key(parent, node.key, 0, node.namespace)
         upper.parent = parent
         parent.children[ckey] = upper
-        for name in ("lock_ref", "host_ref", "hit_count", "last_access", "backup_op", "load_op"):
+        for name in (
+            "lock_ref",
+            "host_ref",
+            "hit_count",
+            "last_access",
+            "created",
+            "priority",
+            "backup_op",
+            "load_op",
+        ):
             setattr(upper, name, getattr(node, name))
         if node.device is not None:
             upper.device, node.device = node.device[:at], node.device[at:]
@@ -212,11 +246,13 @@ class RadixTree:
         return node
 
     def remove_leaf(self, node: TreeNode) -> None:
-        """Detach a childless node; it can no longer be locked or matched."""
-        if node.children or node.parent is None:
+        """Detach a childless node; it can no longer be locked or matched.
+
+        ``node.parent`` is kept (read-only from now on), so that the page keys
+        of a removed node can still be named in a removal event."""
+        if node.children or node.parent is None or node.tree is not self:
             raise ValueError(f"{node!r} is not a removable leaf")
         del node.parent.children[self.child_key(node.parent, node.key, 0, node.namespace)]
-        node.parent = None
         node.tree = None
 
     def nodes(self) -> Iterator[TreeNode]:

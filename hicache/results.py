@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from hicache.radix_tree import TreeNode
+from hicache.radix_tree import Key, TreeNode
 
 
 class MatchResult(NamedTuple):
@@ -16,7 +16,11 @@ class MatchResult(NamedTuple):
     fresh tensor); ``last_device_node`` ends that prefix (lock it before use).
     ``last_host_node`` ends the longer prefix that also counts host-only nodes,
     ``host_hit_length`` tokens past the device prefix. ``storage_hit_length``
-    counts tokens past both that storage holds (0 unless asked for).
+    counts tokens past both that storage holds, as found by the last completed
+    lookup of those pages (0 unless asked for, or while the first lookup runs
+    on the storage workers: ``match_prefix`` never calls the backend).
+    ``key`` is the request's tokens, checked and converted once: pass it (or it
+    extended by the tokens generated since) back to ``cache_*_req``.
     """
 
     device_indices: torch.Tensor
@@ -24,6 +28,7 @@ class MatchResult(NamedTuple):
     last_host_node: TreeNode
     host_hit_length: int
     storage_hit_length: int = 0
+    key: Key | None = None
 
     @property
     def device_hit_length(self) -> int:

@@ -1,200 +1,198 @@
-"""The storage tier in HiRadixCache: writes after backups, prefetch into host."""
+"""The storage tier: page writes after backups, prefetches, lookups, removals.
+
+``StorageTier`` owns the storage I/O workers (and through them the backend),
+the puts in flight, the prefetches (per request and per job), the lookups
+that ``match_prefix(with_storage=True)`` starts and the leading-hit counts
+they found, and the job that drains the backend's removal journal.
+
+No backend call ever runs on the owner thread: every lookup, get, put and
+journal drain is a job on the I/O workers. Owner thread only; completed
+jobs come back from ``poll()`` as ``PutDone``/``PrefetchDone``/
+``LookupDone``/``StorageRemoved`` records for the façade to route. Host pins
+are the host tier's: a job carries the pin id it was given.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 
 import torch
 
-from hicache.cache_state import CacheError, CacheState, PrefetchState
-from hicache.hashing import page_keys
-from hicache.radix_tree import Key, Tokens, TreeNode, as_token_list
-from hicache.results import (
-    PrefetchStatus,
-)
-from transfer.storage_io import StorageCompletion, StorageJob
+from hicache.errors import CacheError
+from hicache.events import BlockStored
+from hicache.radix_tree import Key
+from hicache.records import LookupDone, PrefetchDone, PrefetchState, PutDone, StorageRemoved
+from transfer.storage_io import StorageCompletion, StorageIO, StorageJob
 
 logger = logging.getLogger("hicache.cache")
 
+StorageRecord = PutDone | PrefetchDone | LookupDone | StorageRemoved
+LOOKUP_MEMORY = 4096  # lookups whose result is remembered for match_prefix
 
-class StorageTierMixin(CacheState):
-    """HiRadixCache's storage flows (owner thread only; see HiRadixCache).
 
-    Host copies that a storage job reads or a prefetch hangs from are pinned
-    (``host_ref``) under a pin id until the job's completion is applied.
-    """
+class StorageTier:
+    """Storage I/O for the cache (see the module docstring)."""
 
-    def _pin(self, nodes: list[TreeNode]) -> int:
-        """Keep the host copies of ``nodes`` (host_ref) until ``_unpin``."""
-        self._next_pin += 1
-        for node in nodes:
-            node.host_ref += 1
-        self._pins[self._next_pin] = list(nodes)
-        return self._next_pin
+    def __init__(self, io: StorageIO, page_size: int) -> None:
+        self.io = io
+        self.page_size = page_size
+        self._puts: dict[int, tuple[int, BlockStored | None]] = {}  # job -> (pin, event)
+        self._prefetches: dict[str, PrefetchState] = {}  # request id -> prefetch
+        self._prefetch_jobs: dict[int, PrefetchState] = {}  # job -> prefetch in flight
+        self._lookups: dict[int, bytes] = {}  # job -> first key looked up
+        self._looking: set[bytes] = set()
+        self._found: OrderedDict[bytes, int] = OrderedDict()  # first key -> leading pages
+        self._removal_job: int | None = None
 
-    def _unpin(self, pin_id: int) -> None:
-        for node in self._pins.pop(pin_id):
-            node.host_ref -= 1
+    # puts ----------------------------------------------------------------
+    def put(
+        self, keys: list[bytes], host_slots: torch.Tensor, pin: int, event: BlockStored | None
+    ) -> None:
+        """Write pages to storage, async; ``pin`` keeps their host copy meanwhile.
+        ``event`` (built now: a split before the ack would change the node) is
+        handed back in ``PutDone``."""
+        job = self.io.submit(StorageJob("put", tuple(keys), host_slots))
+        self._puts[job] = (pin, event)
 
-    def _store(self, node: TreeNode) -> None:
-        """Write ``node``'s (just backed-up) host pages to storage, async."""
-        if self.storage is None or node.host is None:
-            return
-        keys = tuple(self.node_page_keys(node))
-        job = self.storage.submit(StorageJob("put", keys, node.host))
-        # The event is built now: a split before the ack would change ``node``.
-        self._puts[job] = (self._pin([node]), self._stored_event(node, "storage"))
-
-    def _parent_key(self, node: TreeNode) -> bytes:
-        return self.fingerprint if node is self.tree.root else self.node_page_keys(node)[-1]
-
-    def _depth_tokens(self, node: TreeNode) -> int:
-        return sum(len(n.key) for n in self.tree.path_to_root(node))
-
-    def _storage_hits(self, key: Key, last: TreeNode, namespace: str | None) -> int:
-        assert self.storage is not None
-        start = self._depth_tokens(last)
-        keys = page_keys(self._parent_key(last), namespace, key[start:], self.page_size)
-        return self.storage.backend.exists(keys) * self.page_size if keys else 0
-
-    def prefetch(
-        self,
-        request_id: str,
-        tokens: Tokens,
-        namespace: str | None,
-        last_host_node: TreeNode,
-    ) -> int:
-        """Fetch the pages of ``tokens`` past ``last_host_node`` that storage
-        holds into reserved host slots, asynchronously; on completion they are
-        inserted as host-only nodes. Returns the tokens being fetched (0 when
-        fewer than ``policy.prefetch_threshold`` are available, or no room).
-        CacheError if ``request_id`` already has a prefetch."""
-        if self.storage is None:
+    # lookups ---------------------------------------------------------------
+    def known_hits(self, keys: list[bytes]) -> int:
+        """Leading pages of ``keys`` that a completed lookup found (0 if none
+        completed yet); starts a lookup when none is known or running."""
+        if not keys:
             return 0
-        if request_id in self._prefetches:
-            raise CacheError(f"request {request_id!r} already has a prefetch")
-        key = as_token_list(tokens)
-        self._check_node(last_host_node, locked=False)
-        start = self._depth_tokens(last_host_node)
-        aligned = len(key) // self.page_size * self.page_size
-        if start >= aligned:
-            return 0
-        parent_key = self._parent_key(last_host_node)
-        keys = page_keys(parent_key, namespace, key[start:aligned], self.page_size)
-        hits = self.storage.backend.exists(keys) * self.page_size
-        if hits == 0 or hits < self._policy.prefetch_threshold:
-            if hits:
-                self.metrics.add("prefetch_below_threshold")
-            return 0
-        self.metrics.add("prefetch_started")
-        return self._start_prefetch(request_id, key, namespace, last_host_node, start, keys, hits)
+        first = keys[0]
+        found = self._found.get(first)
+        if found is not None:
+            self._found.move_to_end(first)
+            return found
+        if first not in self._looking:
+            self._looking.add(first)
+            self._lookups[self.io.submit(StorageJob("lookup", tuple(keys)))] = first
+        return 0
 
-    def _start_prefetch(
+    def _remember(self, first: bytes, found: int) -> None:
+        self._found[first] = found
+        self._found.move_to_end(first)
+        while len(self._found) > LOOKUP_MEMORY:
+            self._found.popitem(last=False)
+
+    # prefetches ------------------------------------------------------------
+    def has_prefetch(self, request_id: str) -> bool:
+        return request_id in self._prefetches
+
+    def start_prefetch(
         self,
         request_id: str,
         key: Key,
         namespace: str | None,
-        last: TreeNode,
         start: int,
         keys: list[bytes],
-        hits: int,
-    ) -> int:
-        assert self.storage is not None
-        pin = self._pin(self._host_chain(last))  # the prefix the pages hang from
-        slots = self._alloc_host(hits)
-        if slots is None:
-            self._unpin(pin)
-            return 0
-        n_pages = hits // self.page_size
-        job = self.storage.submit(StorageJob("get", tuple(keys[:n_pages]), slots))
+        slots: torch.Tensor,
+        pin: int,
+        min_pages: int,
+    ) -> None:
+        """Submit lookup-then-get of ``keys`` into the reserved host ``slots``
+        as one job; ``pin`` keeps the prefix the pages hang from."""
+        job = self.io.submit(StorageJob("prefetch", tuple(keys), slots, max(min_pages, 1)))
         state = PrefetchState(
-            request_id, key, namespace, start, keys[:n_pages], slots, job, pin, time.monotonic()
+            request_id, key, namespace, start, keys, slots, job, pin, time.monotonic()
         )
         self._prefetches[request_id] = state
         self._prefetch_jobs[job] = state
-        return hits
 
-    def check_prefetch(self, request_id: str) -> PrefetchStatus:
-        """Progress of ``request_id``'s prefetch and whether the request may
-        proceed under ``policy.prefetch_policy``. CacheError if unknown."""
+    def prefetch(self, request_id: str) -> PrefetchState:
+        """The request's prefetch; CacheError if it has none."""
         state = self._prefetches.get(request_id)
         if state is None:
             raise CacheError(f"no prefetch for request {request_id!r}")
-        if not state.done and self.storage is not None:
-            for job in self.storage.poll():
-                self._apply_storage(job)
-        total = len(state.keys) * self.page_size
-        policy = self._policy.prefetch_policy
-        if policy == "best_effort":
-            ready = True
-        elif policy == "wait_complete":
-            ready = state.done
-        else:
-            budget = self._policy.prefetch_timeout_base_s + (
-                self._policy.prefetch_timeout_per_1k_s * total / 1000
-            )
-            ready = state.done or time.monotonic() - state.started >= budget
-        return PrefetchStatus(ready, state.done, state.fetched, total)
+        return state
 
-    def wait_prefetch(self, request_id: str) -> PrefetchStatus:
-        """Block until ``request_id``'s prefetch has landed and been inserted."""
-        state = self._prefetches.get(request_id)
-        if state is None:
-            raise CacheError(f"no prefetch for request {request_id!r}")
-        if self.storage is not None and state.job_id in self._prefetch_jobs:
-            self._apply_storage(self.storage.wait(state.job_id))
-        return self.check_prefetch(request_id)
+    def release(self, request_id: str) -> None:
+        """The request stops waiting; a job still running lands anyway."""
+        self.prefetch(request_id).released = True
+        del self._prefetches[request_id]
 
-    def release_prefetch(self, request_id: str) -> None:
-        """The request no longer waits on its prefetch; a fetch still running
-        is inserted when it lands. CacheError if unknown."""
-        if self._prefetches.pop(request_id, None) is None:
-            raise CacheError(f"no prefetch for request {request_id!r}")
+    def reserved(self) -> int:
+        """Host slots reserved by prefetch jobs in flight."""
+        return sum(p.host_slots.numel() for p in self._prefetch_jobs.values())
 
-    def _apply_storage(self, done: StorageCompletion) -> None:
+    def prefetch_job(self, request_id: str) -> int | None:
+        """The job of ``request_id``'s prefetch if it is still in flight."""
+        state = self.prefetch(request_id)
+        return state.job_id if state.job_id in self._prefetch_jobs else None
+
+    # completions -----------------------------------------------------------
+    def poll(self) -> list[StorageRecord]:
+        """Finished jobs, without blocking; keeps one journal drain in flight."""
+        out = [r for done in self.io.poll() if (r := self._finish(done)) is not None]
+        if self._removal_job is None:
+            self._removal_job = self.io.submit(StorageJob("removed", ()))
+        return out
+
+    def wait(self, job_id: int) -> list[StorageRecord]:
+        done = self._finish(self.io.wait(job_id))
+        return [] if done is None else [done]
+
+    def drain(self) -> list[StorageRecord]:
+        """Wait for every job in flight (puts, prefetches, lookups, journal)."""
+        pending = [*self._puts, *self._prefetch_jobs, *self._lookups]
+        if self._removal_job is not None:
+            pending.append(self._removal_job)
+        out: list[StorageRecord] = []
+        for job in pending:
+            out += self.wait(job)
+        # Then the journal once more: the puts just waited for may have evicted.
+        self._removal_job = self.io.submit(StorageJob("removed", ()))
+        return out + self.wait(self._removal_job)
+
+    def _finish(self, done: StorageCompletion) -> StorageRecord | None:
         if done.job_id in self._puts:
             pin, event = self._puts.pop(done.job_id)
-            self._unpin(pin)
             ok = done.error is None and all(done.results)
-            self.metrics.record_transfer("h2s", done.nbytes, ok)
             if not ok:
                 logger.debug("storage put %d incomplete: %s", done.job_id, done.error)
-            self._emit_leading(event, done.leading_hits)
-            return
-        state = self._prefetch_jobs.pop(done.job_id, None)
-        if state is None:
-            logger.warning("completion for unknown storage job %d", done.job_id)
-            return
-        self._finish_prefetch(state, done)
+            return PutDone(done.job_id, pin, event, _leading(done.results), ok, done.nbytes)
+        if done.job_id in self._prefetch_jobs:
+            state = self._prefetch_jobs.pop(done.job_id)
+            got = _leading(done.results)
+            state.fetched, state.done = got * self.page_size, True
+            if done.found:
+                self._remember(state.keys[0], done.found)
+            return PrefetchDone(state, done.found, got, done.nbytes, done.error is None)
+        if done.job_id in self._lookups:
+            first = self._lookups.pop(done.job_id)
+            self._looking.discard(first)
+            if done.error is None:
+                self._remember(first, done.found)
+            return LookupDone(first, done.found)
+        if done.job_id == self._removal_job:
+            self._removal_job = None
+            return StorageRemoved(done.removed)
+        logger.warning("completion for unknown storage job %d", done.job_id)
+        return None
 
-    def _finish_prefetch(self, state: PrefetchState, done: StorageCompletion) -> None:
-        assert self.host_pool is not None
-        got = done.leading_hits * self.page_size
-        self.metrics.record_transfer("s2h", done.nbytes, done.error is None)
-        outcome = "complete" if got == state.host_slots.numel() else "partial" if got else "failed"
-        self.metrics.add(f"prefetch_{outcome}")
-        if got < state.host_slots.numel():
-            self.host_pool.allocator.free(state.host_slots[got:])
-        self._insert_host(state, state.host_slots[:got])
-        self._unpin(state.pin_id)
-        state.fetched, state.done = got, True
+    def close(self) -> None:
+        """Finish queued jobs, stop the workers, close the backend."""
+        self.io.close()
 
-    def _insert_host(self, state: PrefetchState, slots: torch.Tensor) -> None:
-        """Insert fetched pages as host-only nodes below what the tree holds."""
-        assert self.host_pool is not None
-        end = state.start + slots.numel()
-        walk = self.tree.walk(state.key[:end], state.namespace, split=True)
-        have = walk.length - state.start  # fetched tokens the tree already holds
-        if have < 0:  # the prefix they hang from is gone: nothing to attach to
-            self.host_pool.allocator.free(slots)
-            return
-        if have:
-            self.host_pool.allocator.free(slots[:have])
-        if walk.length < end:
-            node = self.tree.add_child(walk.node, state.key[walk.length : end], state.namespace)
-            node.host = slots[have:].clone()
-            ps = self.page_size
-            node.page_keys = state.keys[have // ps : slots.numel() // ps]
-            node.last_access = self.tree.tick()
-            self._emit_stored(node, "host")
+    def check(self) -> None:
+        """Assert the prefetch tables agree with each other."""
+        for job, state in self._prefetch_jobs.items():
+            assert state.job_id == job and not state.done, "a finished prefetch is in flight"
+            live = self._prefetches.get(state.request_id)
+            assert live is state or state.released, "a prefetch job lost its request"
+        for state in self._prefetches.values():
+            assert state.done or state.job_id in self._prefetch_jobs, "a prefetch has no job"
+        assert set(self._lookups.values()) == self._looking, "lookup tables disagree"
+
+
+def _leading(results: tuple[bool, ...]) -> int:
+    """Pages usable as a prefix: results up to the first failure."""
+    n = 0
+    for ok in results:
+        if not ok:
+            break
+        n += 1
+    return n

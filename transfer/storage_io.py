@@ -6,7 +6,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 import torch
@@ -17,24 +17,42 @@ from storage_backends import StorageBackend
 logger = logging.getLogger(__name__)
 
 
+JobKind = Literal["put", "get", "prefetch", "lookup", "removed"]
+
+
 @dataclass(frozen=True)
 class StorageJob:
-    """Write the host pages at ``host_slots`` under ``keys`` (put), or fill them
-    from storage (get). ``host_slots`` covers whole pages, one per key."""
+    """One unit of storage work, run on an I/O worker:
 
-    kind: Literal["put", "get"]
+    - ``put``: write the host pages at ``host_slots`` under ``keys``;
+    - ``get``: fill ``host_slots`` from storage;
+    - ``prefetch``: look ``keys`` up (``exists``), then, if at least
+      ``min_pages`` leading pages exist, get them into the first pages of
+      ``host_slots`` (one job: the owner thread never waits for the lookup);
+    - ``lookup``: count the leading ``keys`` present (no slots);
+    - ``removed``: drain the backend's removal journal (no keys, no slots).
+
+    ``host_slots`` covers whole pages, one per key (empty for lookup/removed).
+    """
+
+    kind: JobKind
     keys: tuple[bytes, ...]
-    host_slots: torch.Tensor
+    host_slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    min_pages: int = 1
 
 
 class StorageCompletion(NamedTuple):
-    """One finished job: per-page results (all False on ``error``) and bytes moved."""
+    """One finished job: per-page results (all False on ``error``), bytes moved,
+    leading pages found by a lookup (``prefetch``/``lookup``) and the keys a
+    ``removed`` job drained."""
 
     job_id: int
     kind: str
     results: tuple[bool, ...]
     error: str | None
     nbytes: int
+    found: int = 0
+    removed: tuple[bytes, ...] = ()
 
     @property
     def leading_hits(self) -> int:
@@ -76,8 +94,9 @@ class StorageIO:
     def submit(self, job: StorageJob) -> int:
         if self._closed:
             raise RuntimeError("storage I/O is closed")
-        if job.host_slots.numel() != len(job.keys) * self._host.page_size:
-            raise ValueError("a storage job needs one whole host page per key")
+        slots = 0 if job.kind in ("lookup", "removed") else len(job.keys)
+        if job.host_slots.numel() != slots * self._host.page_size:
+            raise ValueError(f"a storage {job.kind} job needs one whole host page per key")
         self._next_id += 1
         self._pending.add(self._next_id)
         self._jobs.put((self._next_id, job))
@@ -159,11 +178,28 @@ class StorageIO:
             results = self.backend.put(job.keys, src)
             nbytes = sum(len(v) for v, ok in zip(src, results, strict=True) if ok)
             return StorageCompletion(job_id, "put", tuple(results), None, nbytes)
-        sink = self._host.page_sink(job.host_slots)
-        results = self.backend.get(job.keys, sink.views)
+        if job.kind == "removed":
+            removed = tuple(self.backend.take_removed())
+            return StorageCompletion(job_id, "removed", (), None, 0, removed=removed)
+        if job.kind == "get":
+            return self._get(job_id, job, len(job.keys), len(job.keys))
+        found = self.backend.exists(list(job.keys)) if job.keys else 0
+        if job.kind == "lookup":
+            return StorageCompletion(job_id, "lookup", (), None, 0, found=found)
+        fetch = found if found >= job.min_pages else 0
+        return self._get(job_id, job, fetch, found)
+
+    def _get(self, job_id: int, job: StorageJob, pages: int, found: int) -> StorageCompletion:
+        """Get the first ``pages`` keys into the first pages of the job's slots."""
+        if pages == 0:
+            return StorageCompletion(job_id, job.kind, (False,) * len(job.keys), None, 0, found)
+        ps = self._host.page_size
+        sink = self._host.page_sink(job.host_slots[: pages * ps])
+        results = self.backend.get(job.keys[:pages], sink.views)
         sink.commit()
         nbytes = sum(len(v) for v, ok in zip(sink.views, results, strict=True) if ok)
-        return StorageCompletion(job_id, "get", tuple(results), None, nbytes)
+        padded = (*results, *(False,) * (len(job.keys) - pages))
+        return StorageCompletion(job_id, job.kind, tuple(padded), None, nbytes, found)
 
 
 def _left(deadline: float | None) -> float | None:

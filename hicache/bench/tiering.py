@@ -96,9 +96,10 @@ def tier_setups(config: CacheConfig, store_dir: Path) -> list[TierSetup]:
 def serve(cache: HiRadixCache, req: TraceRequest) -> Served:
     """One request, driven the way the reference engine drives the cache."""
     tokens = req.tokens
-    m = cache.match_prefix(tokens, with_storage=cache.storage is not None)
+    m = cache.match_prefix(tokens)
     device, fetched = m.device_hit_length, 0
-    if m.storage_hit_length and cache.prefetch("bench", tokens, None, m.last_host_node):
+    # The prefetch job looks storage up, then fetches, on the storage workers.
+    if cache.storage is not None and cache.prefetch("bench", tokens, None, m.last_host_node):
         fetched = cache.wait_prefetch("bench").fetched_tokens
         cache.release_prefetch("bench")
         m = cache.match_prefix(tokens)

@@ -65,7 +65,9 @@ def replay(cache: HiRadixCache, trace: list[TraceRequest]) -> TreeBenchResult:
             ops += 3
             continue
         slots = torch.cat([m.device_indices, new[: len(req.tokens) - m.device_hit_length]])
-        cache.cache_finished_req(req.tokens, slots, m.last_device_node)
+        # The match carries the request's checked, converted key: no second conversion.
+        assert m.key is not None
+        cache.cache_finished_req(m.key, slots, m.last_device_node)
         ops += 4
         hit += m.device_hit_length
         total += len(req.tokens)

@@ -119,10 +119,10 @@ class Engine:
     def _start_prefetch(self, state: ReqState) -> None:
         state.prefetch_checked = True
         key, ns = state.reusable, state.request.namespace
-        match = self.cache.match_prefix(key, ns, with_storage=True)
-        if match.storage_hit_length:
-            fetching = self.cache.prefetch(state.cache_id, key, ns, match.last_host_node)
-            state.prefetching = fetching > 0
+        # The prefetch looks storage up on the I/O workers (never here).
+        match = self.cache.match_prefix(key, ns)
+        fetching = self.cache.prefetch(state.cache_id, key, ns, match.last_host_node)
+        state.prefetching = fetching > 0
 
     def _prefetch_ready(self, state: ReqState) -> bool:
         """False while the prefetch policy says ``state`` must still wait."""

@@ -108,3 +108,45 @@ def test_req_to_token_pool() -> None:
     pool.free(a)
     with pytest.raises(ValueError):
         pool.free(a)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_ownership_transitions_are_checked(page_size: int) -> None:
+    alloc = PagedAllocator(8 * page_size, page_size)
+    req = alloc.alloc(4 * page_size)
+    assert req is not None
+    ps = page_size
+    assert alloc.counts() == (4 * ps, 4 * ps, 0) and alloc.request_held() == 4 * ps
+    alloc.to_tree(req[: 2 * ps])
+    assert alloc.counts() == (4 * ps, 2 * ps, 2 * ps)
+    with pytest.raises(SlotError, match="tree-owned"):
+        alloc.free_request(req[:ps])  # a tree page is not the request's to free
+    with pytest.raises(SlotError, match="tree-owned"):
+        alloc.check_request_held(req[ps : 3 * ps])
+    with pytest.raises(SlotError, match="request-held"):
+        alloc.free_tree(req[2 * ps :])
+    with pytest.raises(SlotError, match="twice"):
+        alloc.commit_request(req[2 * ps : 3 * ps], req[2 * ps : 3 * ps])
+    assert alloc.counts() == (4 * ps, 2 * ps, 2 * ps)  # nothing changed by the refusals
+    alloc.commit_request(req[2 * ps : 3 * ps], req[3 * ps :])
+    assert alloc.counts() == (5 * ps, 0, 3 * ps) and alloc.request_held() == 0
+    alloc.free_tree(req[: 3 * ps])
+    assert alloc.counts() == (8 * ps, 0, 0) and alloc.available() == 8 * ps
+    with pytest.raises(SlotError, match="free"):
+        alloc.free_tree(req[:ps])
+
+
+def test_out_of_range_and_misaligned_slots_are_refused() -> None:
+    alloc = PagedAllocator(64, 16)
+    slots = alloc.alloc(32)
+    assert slots is not None
+    with pytest.raises(SlotError, match="range"):
+        alloc.check_request_held(slots + 64)
+    with pytest.raises(SlotError, match="whole pages"):
+        alloc.check_request_held(slots + 1)
+    with pytest.raises(SlotError, match="whole pages"):
+        alloc.check_request_held(slots.flip(0))
+    with pytest.raises(TypeError):
+        alloc.alloc(1.5)  # type: ignore[arg-type]
+    alloc.free_request(slots)
+    assert alloc.available() == 64

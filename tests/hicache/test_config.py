@@ -36,7 +36,7 @@ def test_wrong_type_and_range(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"device\.page_size"):
         CacheConfig.from_toml(_write(tmp_path, "[device]\npage_size = 0\n"))
     with pytest.raises(ValueError, match=r"policy\.eviction"):
-        CacheConfig.from_toml(_write(tmp_path, '[policy]\neviction = "fifo"\n'))
+        CacheConfig.from_toml(_write(tmp_path, '[policy]\neviction = "mru"\n'))
     with pytest.raises(ValueError, match=r"host\.enabled"):
         CacheConfig.from_toml(_write(tmp_path, "[host]\nenabled = 1\n"))
     with pytest.raises(ValueError, match="invalid TOML"):

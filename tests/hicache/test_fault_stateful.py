@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hicache.cache import HiRadixCache
-from hicache.cache_state import CacheError
+from hicache.errors import CacheError
 from hicache.radix_tree import TreeNode
 from storage_backends import StorageConfig
 from tests.hicache.helpers import expected_kv, two_tier, write_kv

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from device_pool import SlotError
 from hicache.cache import CacheError
 from tests.hicache.helpers import device_only, run_request
 
@@ -206,3 +207,21 @@ def test_page_keys_cached_and_split_consistently() -> None:
     cache.match_prefix([0, 1, 2, 3, 4, 5, 6, 7, 99, 99, 99, 99])  # split after 2 pages
     upper = cache.match_prefix(tokens[:8]).last_device_node
     assert cache.node_page_keys(upper) + cache.node_page_keys(node) == whole
+
+
+def test_tree_owned_slots_cannot_be_freed_or_inserted_again() -> None:
+    cache = device_only(page_size=4)
+    a, b = list(range(16)), list(range(100, 116))
+    run_request(cache, a)
+    tree_slots = cache.match_prefix(a).device_indices
+    with pytest.raises(SlotError):
+        cache.free_device(tree_slots[:4])  # a tree page, not the request's
+    m = cache.match_prefix(b)
+    cache.inc_lock_ref(m.last_device_node)
+    with pytest.raises(SlotError):  # a's slots passed off as b's KV
+        cache.cache_finished_req(b, tree_slots, m.last_device_node)
+    cache.check_integrity()
+    cache.dec_lock_ref(m.last_device_node)
+    assert cache.match_prefix(a).device_hit_length == 16
+    assert cache.match_prefix(b).device_hit_length == 0
+    cache.check_integrity()

@@ -8,6 +8,7 @@ import lmdb
 import pytest
 
 from hicache.cache import CacheError, HiRadixCache
+from hicache.results import MatchResult
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
 
@@ -21,6 +22,15 @@ def seq(tag: int, n: int) -> list[int]:
 def tiered(tmp_path: Path, backend: str = "lmdb", **kw: object) -> HiRadixCache:
     cfg = StorageConfig(backend=backend, path=str(tmp_path / "store"), max_bytes=64 << 20)
     return two_tier(storage=cfg, **kw)  # type: ignore[arg-type]
+
+
+def storage_match(cache: HiRadixCache, tokens: list[int]) -> MatchResult:
+    """``match_prefix(with_storage=True)`` once the lookup it starts has
+    completed on the storage workers (the match itself never waits for it)."""
+    first = cache.match_prefix(tokens, with_storage=True)
+    assert first.storage_hit_length == 0  # nothing looked up yet
+    cache.drain()
+    return cache.match_prefix(tokens, with_storage=True)
 
 
 def push_out(cache: HiRadixCache) -> None:
@@ -38,7 +48,7 @@ def test_all_tiers_round_trip_bit_identical(tmp_path: Path, backend: str, layout
     a = seq(1, 16)
     serve(cache, a)
     push_out(cache)
-    m = cache.match_prefix(a, with_storage=True)
+    m = storage_match(cache, a)
     assert (m.device_hit_length, m.host_hit_length, m.storage_hit_length) == (0, 0, 16)
     assert serve(cache, a) == 16  # prefetched, loaded back, checked bit for bit
     cache.close()
@@ -51,7 +61,7 @@ def test_prefetch_extends_a_host_match(tmp_path: Path) -> None:
     cache.drain()
     cache.evict(8)  # deepest 8 tokens to host
     cache.evict_host(4)  # ... and the last page out of host too
-    m = cache.match_prefix(a, with_storage=True)
+    m = storage_match(cache, a)
     assert m.device_hit_length + m.host_hit_length == 8 or m.host_hit_length < 8
     assert m.storage_hit_length == 16 - m.device_hit_length - m.host_hit_length
     assert serve(cache, [*a, *seq(2, 4)]) == 16
@@ -113,7 +123,7 @@ def test_corrupt_page_is_a_miss_and_never_loaded(tmp_path: Path) -> None:
             pytest.fail("page not found in the LMDB store")
     env.close()
     fresh = tiered(tmp_path, page_size=4)
-    m = fresh.match_prefix(a, with_storage=True)
+    m = storage_match(fresh, a)
     assert m.storage_hit_length == 16  # exists() does not read payloads
     assert serve(fresh, a) == 8  # two good pages, then the corrupt one stops the prefix
     fresh.close()
@@ -141,7 +151,7 @@ def test_warm_restart_across_processes(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", WRITER, str(store)], cwd=REPO, check=True)
     cache = tiered(tmp_path, page_size=4)
     a = seq(1, 24)
-    m = cache.match_prefix(a, with_storage=True)
+    m = storage_match(cache, a)
     assert m.device_hit_length == 0 and m.storage_hit_length == 24
     assert serve(cache, a) == 24  # the previous process's KV, bit for bit
     cache.close()
