@@ -12,18 +12,21 @@ this module routes each one to the parts it concerns.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import torch
 
 from device_pool import DeviceKVPool
 from hicache.config import CacheConfig
+from hicache.door import check_namespace, check_on_path, check_request_slots
 from hicache.errors import CacheError
 from hicache.eviction import create_eviction_policy
 from hicache.factory import build_device_pool, build_host_pool, build_transfer
 from hicache.hashing import NodeKeys, model_fingerprint, page_keys
 from hicache.host_tier import HostTier
 from hicache.integrity import check_tree
+from hicache.lifecycle import Lifecycle
 from hicache.metrics import CacheStats
 from hicache.observer import Observer
 from hicache.paging import align_down, align_up, empty_slots, page_of
@@ -39,6 +42,7 @@ from hicache.records import (
     PrefetchDone,
     PutDone,
     StorageRemoved,
+    WaitTimedOut,
 )
 from hicache.residency import ResidencyTree
 from hicache.results import (
@@ -54,13 +58,23 @@ from hicache.results import (
 from hicache.storage_tier import StorageTier
 from hicache.write_policy import create_write_policy
 from host_pool import HostKVPool
-from storage_backends import StorageBackend, create
+from storage_backends import StorageBackend
+from storage_backends.guard import GuardedBackend, open_guarded
 from transfer import TransferEngine
 from transfer.storage_io import StorageIO
 
 __all__ = ["CacheError", "HiRadixCache"]
 
-Record = BackupDone | LoadDone | LoadFailed | PutDone | PrefetchDone | LookupDone | StorageRemoved
+Record = (
+    BackupDone
+    | LoadDone
+    | LoadFailed
+    | PutDone
+    | PrefetchDone
+    | LookupDone
+    | StorageRemoved
+    | WaitTimedOut
+)
 
 
 class HiRadixCache:
@@ -84,7 +98,23 @@ class HiRadixCache:
     ) -> None:
         """Pools, the transfer engine and the storage backend are built from
         ``config`` unless given (an engine passes its own device pool; tests
-        pass a fault-injecting transfer engine)."""
+        pass a fault-injecting transfer engine). A constructor that fails
+        releases everything it started (worker threads, sockets, the store)."""
+        self._life = Lifecycle(self)
+        try:
+            self._build(config, device_pool, host_pool, transfer, storage)
+        except BaseException:
+            self._life.release()
+            raise
+
+    def _build(
+        self,
+        config: CacheConfig,
+        device_pool: DeviceKVPool | None,
+        host_pool: HostKVPool | None,
+        transfer: TransferEngine | None,
+        storage: StorageBackend | None,
+    ) -> None:
         self.config = config
         self.page_size = ps = config.device.page_size
         self.device_pool = device_pool or build_device_pool(config)
@@ -100,9 +130,12 @@ class HiRadixCache:
         self.host: HostTier | None = None
         if self.host_pool is not None:
             engine = transfer or build_transfer(config, self.device_pool, self.host_pool)
+            self._life.started(engine.close)
             self.host = HostTier(self.host_pool, engine, self.residency.tree, evict_policy)
+            self._life.started(self.host.close)
         self.store = self._build_storage(storage)
         self.observer = Observer(config, self.keys, self._gauges)
+        self._life.started(self.observer.close)
 
     def _build_storage(self, backend: StorageBackend | None) -> StorageTier | None:
         cfg = self.config.storage
@@ -110,11 +143,15 @@ class HiRadixCache:
             return None
         if self.host_pool is None:
             raise ValueError("the storage tier needs the host tier")
+        # Behind the guard, a failing or damaged store costs hits, never the engine.
         if backend is None:
             named = dataclasses.replace(cfg, fingerprint=self.fingerprint.hex())
-            backend = create(cfg.backend, named)
-        io = StorageIO(backend, self.host_pool, self.config.policy.io_workers)
-        return StorageTier(io, self.page_size)
+            guarded = open_guarded(cfg.backend, named)
+        else:
+            guarded = GuardedBackend(backend, None, cfg.timeout_s)
+        io = StorageIO(guarded, self.host_pool, self.config.policy.io_workers)
+        self._life.started(functools.partial(io.close, cfg.timeout_s))
+        return StorageTier(io, self.page_size, cfg.timeout_s)
 
     def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:
         if self.host is not None:
@@ -153,6 +190,7 @@ class HiRadixCache:
         completed storage lookup of the pages past the host match found; when
         none completed yet it is 0 and a lookup starts on the I/O workers (the
         backend is never called here)."""
+        check_namespace(namespace)
         key = as_token_list(tokens)
         aligned = key[: align_down(len(key), self.page_size)]
         path = self.residency.walk(aligned, namespace)
@@ -188,7 +226,7 @@ class HiRadixCache:
         the tree already holds keep the tree's slots and the request's
         duplicates are freed; new pages pass to the tree. Slots past
         ``result.inserted_len`` stay the caller's."""
-        key, aligned = self._door(tokens, device_slots)
+        key, aligned = self._door(tokens, device_slots, namespace)
         return self._insert(key, aligned, device_slots, namespace, empty_slots(), False, priority)
 
     def cache_finished_req(
@@ -201,9 +239,10 @@ class HiRadixCache:
         priority: int = 0,
     ) -> InsertResult:
         """A request is done: insert its KV, free its duplicates and its partial
-        tail page, and drop the lock it held on ``last_node`` (from its match)."""
-        key, aligned = self._door(tokens, device_slots)
-        self.residency.check_node(last_node, locked=True)
+        tail page, and drop the lock it held on ``last_node`` (from its match).
+        The slots past ``last_node`` must be the request's own (SlotError: a
+        request finished twice, or another's KV)."""
+        key, aligned = self._door(tokens, device_slots, namespace, last_node)
         tail = (
             page_of(int(device_slots[aligned]), self.page_size)
             if aligned < len(key)
@@ -226,21 +265,35 @@ class HiRadixCache:
         lock from ``last_node`` to the new last node. Use
         ``result.device_indices`` for the first positions from now on; the
         slots after them stay the request's."""
-        key, aligned = self._door(tokens, device_slots)
-        self.residency.check_node(last_node, locked=True)
+        key, aligned = self._door(tokens, device_slots, namespace, last_node)
         result = self._insert(key, aligned, device_slots, namespace, empty_slots(), False, priority)
         self.residency.lock(result.last_node)
         self.residency.unlock(last_node)
         indices = self.residency.prefix_slots(result.last_node)
         return UnfinishedResult(indices, result.last_node, result.prefix_len)
 
-    def _door(self, tokens: Tokens, slots: torch.Tensor) -> tuple[Key, int]:
+    def _door(
+        self,
+        tokens: Tokens,
+        slots: torch.Tensor,
+        namespace: str | None,
+        last_node: TreeNode | None = None,
+    ) -> tuple[Key, int]:
+        """Every check of an insert's arguments that needs no walk; a locked
+        ``last_node`` must lie on the tokens' path, the slots past it be the
+        request's own."""
+        check_namespace(namespace)
         key = as_token_list(tokens)
         if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
             raise ValueError("device_slots must be a 1-D int64 tensor")
         if slots.numel() != len(key):
             raise ValueError(f"{len(key)} tokens but {slots.numel()} device slots")
-        return key, align_down(len(key), self.page_size)
+        aligned = align_down(len(key), self.page_size)
+        if last_node is not None:
+            self.residency.check_node(last_node, locked=True)
+            depth = check_on_path(self.tree, last_node, key, namespace, "last_node")
+            check_request_slots(self.device_pool.allocator, slots, depth, aligned)
+        return key, aligned
 
     def _insert(
         self,
@@ -476,9 +529,10 @@ class HiRadixCache:
             return 0
         if self.store.has_prefetch(request_id):
             raise CacheError(f"request {request_id!r} already has a prefetch")
+        check_namespace(namespace)
         key = as_token_list(tokens)
         self.residency.check_node(last_host_node, locked=False)
-        start = self.residency.depth_tokens(last_host_node)
+        start = check_on_path(self.tree, last_host_node, key, namespace, "last_host_node")
         aligned = align_down(len(key), self.page_size)
         threshold = self.config.policy.prefetch_threshold
         if aligned - start <= 0 or aligned - start < threshold:
@@ -514,13 +568,17 @@ class HiRadixCache:
         return PrefetchStatus(ready, state.done, state.fetched, total)
 
     def wait_prefetch(self, request_id: str) -> PrefetchStatus:
-        """Block until ``request_id``'s prefetch has landed and been inserted."""
+        """Block until ``request_id``'s prefetch has landed and been inserted,
+        at most ``storage.timeout_s``; then the request goes on without it
+        (``ready`` and not ``done``: its pages are misses; the job still lands
+        later and is inserted then)."""
         if self.store is None:
             raise CacheError(f"no prefetch for request {request_id!r}")
         job = self.store.prefetch_job(request_id)
         if job is not None:
             self._route(self.store.wait(job))
-        return self.check_prefetch(request_id)
+        status = self.check_prefetch(request_id)
+        return status if status.done else status._replace(ready=True)
 
     def release_prefetch(self, request_id: str) -> None:
         """The request no longer waits on its prefetch; a fetch still running
@@ -567,7 +625,9 @@ class HiRadixCache:
 
     def drain(self) -> None:
         """Launch queued loads and wait until every transfer and storage job
-        has been applied (storage puts started by the backups included)."""
+        has been applied (storage puts started by the backups included).
+        Storage jobs are waited for at most ``storage.timeout_s`` in all;
+        one that overruns stays in flight and lands in a later ``poll()``."""
         if self.host is None:
             return
         self._route(self.host.drain())
@@ -608,8 +668,12 @@ class HiRadixCache:
                 event = self.observer.stored_event(n, "storage")
                 self.store.put(self.keys.of(n), n.host, self.host.pin([n]), event)
 
-    def _route_storage(self, rec: PutDone | PrefetchDone | LookupDone | StorageRemoved) -> None:
-        if isinstance(rec, PutDone):
+    def _route_storage(
+        self, rec: PutDone | PrefetchDone | LookupDone | StorageRemoved | WaitTimedOut
+    ) -> None:
+        if isinstance(rec, WaitTimedOut):
+            self.observer.metrics.add("storage_wait_timeouts")
+        elif isinstance(rec, PutDone):
             assert self.host is not None
             self.host.unpin(rec.pin)
             self.observer.metrics.record_transfer("h2s", rec.nbytes, rec.ok)
@@ -630,26 +694,34 @@ class HiRadixCache:
     # administration ------------------------------------------------------------
     def reset(self) -> None:
         """Drop every cached page in the device and host tiers (storage keeps
-        its pages). Waits for transfers in flight first; CacheError (nothing
-        dropped) while requests hold locks or prefetches are registered."""
+        its pages). Waits for transfers in flight first (storage jobs at most
+        ``storage.timeout_s``); CacheError (nothing dropped) while requests
+        hold locks, prefetches are registered, or a storage job still uses
+        host pages after that wait."""
         self.drain()
         if self.residency.protected_size() or (self.store and self.store.reserved()):
             raise CacheError("cannot reset while requests hold locks")
+        if self.store is not None and self.store.in_flight():
+            raise CacheError(
+                f"cannot reset: {self.store.in_flight()} storage jobs still use host pages "
+                f"after {self.store.timeout_s:g} s (storage.timeout_s)"
+            )
         nodes = self.residency.clear()
         if self.host is not None:
             self.host.clear(nodes)
         self.observer.cleared()
 
     def close(self) -> None:
-        """Wait for transfers and storage writes in flight, then stop the
-        workers and close the storage backend. Idempotent."""
+        """Wait for transfers and storage writes in flight (storage at most
+        ``storage.timeout_s``), then stop the workers and close the storage
+        backend. Idempotent. A cache never closed is released the same way
+        when collected or at interpreter exit."""
+        if self._life.released:
+            return
         if self.host is not None and self.host.transfer is not None:
             self.drain()
-            self.host.close()
-        if self.store is not None:
-            self.store.close()
-            self.store = None
-        self.observer.close()
+        self._life.release()
+        self.store = None
 
     def __enter__(self) -> HiRadixCache:
         return self

@@ -98,8 +98,11 @@ class GuardedBackend:
             if self._closed:
                 return
             self._closed = True
-            self._wait_idle(0)
-        self._close_backend(self._backend)
+            idle = self._wait_idle(0)
+        if idle:  # else a call still runs on it: leave the store open (crash-safe) rather
+            self._close_backend(self._backend)  # than pull its memory map away
+        else:
+            logger.warning("storage calls still running after %.1f s; not closed", self._timeout_s)
 
     def _call(self, name: str, call: Callable[[StorageBackend], _R], miss: _R) -> _R:
         with self._cond:

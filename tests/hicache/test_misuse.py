@@ -1,8 +1,5 @@
 """Misuse found in issue 10 ("Wrong KV served later"): each bad call raises
 before anything changes, and what the cache held is still served bit for bit.
-
-Marked xfail(strict=True) until the door checks land; each marker comes off
-with its fix.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier, write_kv
 
 PS = 4
-pending = pytest.mark.xfail(strict=True, reason="issue 10: validation at the door not built yet")
 
 
 class Snapshot(NamedTuple):
@@ -66,7 +62,6 @@ def _reuse_every_free_slot(cache: HiRadixCache) -> None:
     cache.free_device(slots)
 
 
-@pending
 def test_free_device_refuses_tree_owned_slots(cache: HiRadixCache) -> None:
     a = seq(1)
     serve(cache, a)
@@ -79,7 +74,6 @@ def test_free_device_refuses_tree_owned_slots(cache: HiRadixCache) -> None:
     assert serve(cache, a) == 16  # checked bit for bit
 
 
-@pending
 @pytest.mark.parametrize("kind", ["duplicated", "misaligned", "another_nodes"])
 def test_finished_request_refuses_foreign_slots(cache: HiRadixCache, kind: str) -> None:
     a, b = seq(1), seq(2)
@@ -103,7 +97,6 @@ def test_finished_request_refuses_foreign_slots(cache: HiRadixCache, kind: str) 
     assert serve(cache, b) == 16
 
 
-@pending
 def test_out_of_range_slots_refused_before_insert(cache: HiRadixCache) -> None:
     b = seq(2)
     m = cache.match_prefix(b)
@@ -119,7 +112,6 @@ def test_out_of_range_slots_refused_before_insert(cache: HiRadixCache) -> None:
     assert cache.match_prefix(b).device_hit_length == 0
 
 
-@pending
 def test_finishing_twice_keeps_the_other_requests_lock(cache: HiRadixCache) -> None:
     shared = seq(1, 8)
     a, b = [*shared, *seq(2, 8)], [*shared, *seq(3, 8)]
@@ -141,7 +133,6 @@ def test_finishing_twice_keeps_the_other_requests_lock(cache: HiRadixCache) -> N
     cache.check_integrity()
 
 
-@pending
 def test_prefetch_refuses_a_node_off_the_tokens_path(tmp_path: Path) -> None:
     storage = StorageConfig(backend="memory", path="", max_bytes=64 << 20)
     cache = two_tier(page_size=PS, pages=32, storage=storage)
@@ -157,7 +148,6 @@ def test_prefetch_refuses_a_node_off_the_tokens_path(tmp_path: Path) -> None:
     cache.close()
 
 
-@pending
 @pytest.mark.parametrize("namespace", [5, b"tenant", ("t",), 1.5])
 def test_namespace_must_be_str_or_none(cache: HiRadixCache, namespace: object) -> None:
     b = seq(2)
@@ -169,12 +159,10 @@ def test_namespace_must_be_str_or_none(cache: HiRadixCache, namespace: object) -
     cache.free_device(new)
 
 
-@pending
 def test_tokens_must_be_a_sequence_not_a_mapping(cache: HiRadixCache) -> None:
     _refused(cache, cache.match_prefix, {i: 0 for i in range(16)})
 
 
-@pending
 @pytest.mark.parametrize("size", [1.5, -1, "4", True])
 def test_alloc_device_size_names_the_argument(cache: HiRadixCache, size: object) -> None:
     before = snapshot(cache)

@@ -130,7 +130,6 @@ class Broken:
         self._fail()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: the guard is not wired into the cache yet")
 def test_backend_whose_every_method_raises_serves_misses() -> None:
     proto = two_tier(page_size=4, storage=StorageConfig(backend="memory", max_bytes=1 << 20))
     config: CacheConfig = proto.config

@@ -1,0 +1,43 @@
+"""Checks at the cache's door that need the tree: a namespace's type, and a
+node that must lie on a request's path. They raise before anything changes
+(``ValueError``; ``CacheError`` for nodes and slots)."""
+
+from __future__ import annotations
+
+import torch
+
+from device_pool import PagedAllocator
+from hicache.errors import CacheError
+from hicache.radix_tree import Key, RadixTree, TreeNode
+
+
+def check_namespace(namespace: object) -> None:
+    """ValueError unless ``namespace`` is a str or None (it is hashed as text)."""
+    if namespace is not None and not isinstance(namespace, str):
+        raise ValueError(f"namespace must be a str or None, got {type(namespace).__name__}")
+
+
+def check_on_path(
+    tree: RadixTree, node: TreeNode, key: Key, namespace: str | None, arg: str
+) -> int:
+    """CacheError unless ``node`` lies on the path of ``key`` in ``namespace``
+    (the root always does); returns the tokens from the root to ``node``."""
+    nodes = list(tree.path_to_root(node))
+    depth = sum(len(n.key) for n in nodes)
+    end = depth
+    for n in nodes:
+        start = end - len(n.key)
+        if n.namespace != namespace or end > len(key) or key[start:end] != n.key:
+            raise CacheError(f"{arg} {node!r} is not on the path of these tokens")
+        end = start
+    return depth
+
+
+def check_request_slots(
+    allocator: PagedAllocator, slots: torch.Tensor, locked_depth: int, aligned: int
+) -> None:
+    """A request's slots past the prefix it locked are its own: request-held
+    whole pages (SlotError otherwise). Tree-owned slots there mean the
+    request was already cached (finished twice) or passed another's KV."""
+    if aligned > locked_depth:
+        allocator.check_request_held(slots[locked_depth:aligned])
