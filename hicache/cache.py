@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import time
 
 import torch
@@ -47,6 +48,7 @@ from hicache.records import (
 from hicache.residency import ResidencyTree
 from hicache.results import (
     AdmitResult,
+    DeviceShortfall,
     EvictResult,
     InsertResult,
     LoadBackResult,
@@ -64,6 +66,8 @@ from transfer import TransferEngine
 from transfer.storage_io import StorageIO
 
 __all__ = ["CacheError", "HiRadixCache"]
+
+logger = logging.getLogger(__name__)
 
 Record = (
     BackupDone
@@ -341,7 +345,23 @@ class HiRadixCache:
         if short and self.host is not None and self.host.backups_in_flight():
             self._route(self.host.wait_backups())
             self.evict(num_tokens - alloc.available())
-        return alloc.alloc(num_tokens)
+        slots = alloc.alloc(num_tokens)
+        if slots is None:
+            logger.info("device allocation failed: %s", self.device_shortfall(num_tokens))
+        return slots
+
+    def device_shortfall(self, num_tokens: int) -> DeviceShortfall:
+        """Why ``num_tokens`` device tokens cannot be had now: what holds the
+        device pool. Read-only; for error messages."""
+        pinned = sum(len(n.key) for n in self.tree.nodes() if n.host is not None and n.host_ref > 0)
+        return DeviceShortfall(
+            needed=align_up(num_tokens, self.page_size),
+            free=self.device_pool.allocator.available(),
+            locked=self.residency.protected_size(),
+            request_held=self.request_held_size(),
+            evictable=self.residency.evictable_size(),
+            host_pinned=pinned,
+        )
 
     def free_device(self, slots: torch.Tensor) -> None:
         """Return request-held slots (whole pages) that never reached the tree;
@@ -374,14 +394,18 @@ class HiRadixCache:
         """Free at least ``num_tokens`` device tokens if unlocked leaves allow it,
         by the eviction policy. A leaf with a host copy is demoted (stays,
         host-only); a leaf the write policy (or host-only children) wants kept
-        is backed up first, waiting for the copy; otherwise it is deleted."""
+        is backed up first, waiting for the copy; otherwise it is deleted.
+        When the host tier has no room for such a backup because storage
+        writes in flight pin its pages, waits for them once (at most
+        ``storage.timeout_s``)."""
         freed = demoted = deleted = 0
+        waited = [False]  # one wait for storage per call keeps the call bounded
         while freed < num_tokens:
             step = self.residency.evict_pass(num_tokens - freed, self._needs_write_back)
             dropped = list(step.dropped)
             lost = 0
             for node in step.write_back:
-                done = self._write_back(node)
+                done = self._write_back(node, waited)
                 lost += 0 if done is not None else len(node.key)
                 dropped += [done] if done is not None else []
             self._route_dropped(dropped, "device")
@@ -396,8 +420,13 @@ class HiRadixCache:
         # Host-only children would be orphaned by deleting their parent.
         return self.host is not None and (self._write.on_evict or bool(node.children))
 
-    def _write_back(self, node: TreeNode) -> Dropped | None:
+    def _write_back(self, node: TreeNode, waited: list[bool]) -> Dropped | None:
         op = self._backup(node)
+        if op is None and not waited[0] and self.store is not None and self.store.in_flight():
+            # Host full of copies that storage puts still read: let them land, retry.
+            waited[0] = True
+            self._route(self.store.drain())
+            op = self._backup(node)
         if op is not None and self.host is not None:
             self._route([self.host.wait(op)])
         return self.residency.finish_write_back(node)

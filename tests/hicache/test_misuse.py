@@ -169,3 +169,20 @@ def test_alloc_device_size_names_the_argument(cache: HiRadixCache, size: object)
     with pytest.raises(ValueError, match="num_tokens"):
         cache.alloc_device(size)  # type: ignore[arg-type]
     assert snapshot(cache) == before
+
+
+def test_failed_allocation_says_what_holds_the_pool(cache: HiRadixCache) -> None:
+    a = seq(1, 32)
+    serve(cache, a)
+    m = cache.match_prefix(a)
+    cache.inc_lock_ref(m.last_device_node)
+    held = cache.alloc_device(64)
+    assert held is not None
+    assert cache.alloc_device(64) is None
+    short = cache.device_shortfall(64)
+    assert (short.needed, short.locked, short.request_held) == (64, 32, 64)
+    assert short.free == cache.device_pool.allocator.available() < 64
+    assert "32 locked" in str(short) and "64 held by requests" in str(short)
+    cache.free_device(held)
+    cache.dec_lock_ref(m.last_device_node)
+    cache.check_integrity()
