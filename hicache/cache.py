@@ -20,7 +20,7 @@ import torch
 
 from device_pool import DeviceKVPool
 from hicache.config import CacheConfig
-from hicache.door import check_namespace, check_on_path, check_request_slots
+from hicache.door import check_namespace, check_on_path, check_request_slots, check_tail_page
 from hicache.errors import CacheError
 from hicache.eviction import create_eviction_policy
 from hicache.factory import build_device_pool, build_host_pool, build_transfer
@@ -293,6 +293,7 @@ class HiRadixCache:
         if slots.numel() != len(key):
             raise ValueError(f"{len(key)} tokens but {slots.numel()} device slots")
         aligned = align_down(len(key), self.page_size)
+        check_tail_page(slots[aligned:], self.page_size)
         if last_node is not None:
             self.residency.check_node(last_node, locked=True)
             depth = check_on_path(self.tree, last_node, key, namespace, "last_node")

@@ -41,3 +41,14 @@ def check_request_slots(
     request was already cached (finished twice) or passed another's KV."""
     if aligned > locked_depth:
         allocator.check_request_held(slots[locked_depth:aligned])
+
+
+def check_tail_page(tail: torch.Tensor, page_size: int) -> None:
+    """The slots of a partial last page run from the start of one page, in
+    order (CacheError otherwise): only its first slot names the page freed."""
+    if not tail.numel():
+        return
+    first = int(tail[0])
+    expected = torch.arange(first, first + tail.numel(), dtype=torch.int64)
+    if first % page_size or not torch.equal(tail, expected):
+        raise CacheError("the partial last page's slots must run in order from a page start")
