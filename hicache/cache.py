@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -665,7 +666,7 @@ class HiRadixCache:
             self._route(self.store.drain())
         self.poll()
 
-    def _route(self, records: list[Record]) -> PollResult:
+    def _route(self, records: Sequence[Record]) -> PollResult:
         """Apply each part's records to the parts they concern."""
         backups = loads = failures = 0
         for rec in records:

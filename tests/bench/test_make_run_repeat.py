@@ -1,4 +1,6 @@
-"""`make run`'s command, 20 times in a row, sharing one store like repeated runs do."""
+"""`make run`'s command, 20 times in a row (it failed about 1 run in 20 with
+"device pool too small for one request" before eviction learned to wait for
+the storage writes that pin the host room write-backs need)."""
 
 from __future__ import annotations
 
@@ -25,4 +27,3 @@ def test_make_run_command_succeeds_twenty_times(tmp_path: Path) -> None:
         if done.returncode != 0:
             failures.append(f"run {run}: exit {done.returncode}: {done.stderr[-1500:]}")
     assert not failures, "\n".join(failures)
-    assert (tmp_path / ".hicache" / "store" / "data.mdb").exists()
