@@ -23,15 +23,16 @@ from device_pool import DeviceKVPool
 from hicache.config import CacheConfig
 from hicache.door import check_namespace, check_on_path, check_request_slots, check_tail_page
 from hicache.errors import CacheError
+from hicache.events import EventSink
 from hicache.eviction import create_eviction_policy
 from hicache.factory import build_device_pool, build_host_pool, build_transfer
 from hicache.hashing import NodeKeys, model_fingerprint, page_keys
 from hicache.host_tier import HostTier
 from hicache.integrity import check_tree
 from hicache.lifecycle import Lifecycle
-from hicache.metrics import CacheStats
+from hicache.metrics import CacheMetrics, CacheStats
 from hicache.observer import Observer
-from hicache.paging import align_down, align_up, empty_slots, page_of
+from hicache.paging import PageTable, align_down, align_up, empty_slots
 from hicache.prefetch_policy import create_prefetch_policy
 from hicache.prometheus import Gauges
 from hicache.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
@@ -126,6 +127,7 @@ class HiRadixCache:
         if self.device_pool.page_size != ps:
             raise ValueError("device pool page_size differs from device.page_size")
         self.host_pool = host_pool or build_host_pool(config, self.device_pool)
+        self._pages = PageTable(self.device_pool.allocator.capacity, ps)
         self.fingerprint = model_fingerprint(config.model, ps)
         self.keys = NodeKeys(self.fingerprint, ps)
         self._write = create_write_policy(config.policy.write_policy)
@@ -176,11 +178,11 @@ class HiRadixCache:
         return None if self.store is None else self.store.io
 
     @property
-    def metrics(self):
+    def metrics(self) -> CacheMetrics:
         return self.observer.metrics
 
     @property
-    def events(self):
+    def events(self) -> EventSink | None:
         return self.observer.events
 
     # match and insert ---------------------------------------------------------
@@ -248,11 +250,7 @@ class HiRadixCache:
         The slots past ``last_node`` must be the request's own (SlotError: a
         request finished twice, or another's KV)."""
         key, aligned = self._door(tokens, device_slots, namespace, last_node)
-        tail = (
-            page_of(int(device_slots[aligned]), self.page_size)
-            if aligned < len(key)
-            else empty_slots()
-        )
+        tail = self._pages.of(int(device_slots[aligned])) if aligned < len(key) else empty_slots()
         result = self._insert(key, aligned, device_slots, namespace, tail, True, priority)
         self.residency.unlock(last_node)
         return result

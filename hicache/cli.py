@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hicache.bench import add_parsers
-from hicache.config import CacheConfig, parse_override
+from hicache.config import CacheConfig, choice_fields, parse_override
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,8 +29,13 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override one config field (repeatable)",
+        help="override one config field (repeatable); " + _choices_help(),
     )
+
+
+def _choices_help() -> str:
+    fields = choice_fields()
+    return "; ".join(f"{key}: {'|'.join(names)}" for key, names in fields.items())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

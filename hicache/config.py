@@ -134,6 +134,19 @@ class PolicyConfig:
             _check(getattr(self, name) >= 0, f"policy.{name}", "must be >= 0")
 
 
+def choice_fields() -> dict[str, tuple[str, ...]]:
+    """Config keys whose value is a name from a registry, with the names (for
+    the CLI help: the registries are the one list)."""
+    from storage_backends.registry import FACTORIES
+
+    return {
+        "policy.eviction": tuple(EVICTION_POLICIES),
+        "policy.write_policy": tuple(WRITE_POLICIES),
+        "policy.prefetch_policy": tuple(PREFETCH_POLICIES),
+        "storage.backend": tuple(FACTORIES),
+    }
+
+
 @dataclass(frozen=True)
 class TransferConfig:
     """How bytes move between device and host."""
@@ -225,7 +238,7 @@ class CacheConfig:
 def _build(cls: type[_T], table: Mapping[str, object], prefix: str) -> _T:
     """Construct dataclass ``cls`` from ``table``, checking names and types."""
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(table) - names)
     if unknown:
         raise ValueError(f"unknown key {prefix}{unknown[0]!r}; known: {sorted(names)}")

@@ -296,7 +296,7 @@ class LmdbBackend:
                 blob = txn.get(key, db=self._dbs.pages)
                 if blob is None:
                     continue
-                verdict = copy_verified(blob, key, view)
+                verdict = copy_verified(memoryview(blob), key, view)  # a view already: no copy
                 hits[i] = verdict is Verdict.OK
                 if verdict.corrupt:
                     damaged.append(key)

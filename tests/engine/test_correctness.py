@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hicache.engine import Request
+from hicache.prefetch_policy import PREFETCH_POLICIES
 from tests.engine.helpers import (
     assert_clean,
     assert_same,
@@ -84,7 +85,7 @@ def test_chat_storage_prefetch_and_restart(tmp_path: Path, page_size: int) -> No
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-@pytest.mark.parametrize("policy", ["best_effort", "wait_complete", "timeout"])
+@pytest.mark.parametrize("policy", sorted(PREFETCH_POLICIES))
 def test_prefetch_policies_stay_correct(tmp_path: Path, page_size: int, policy: str) -> None:
     turns = user_turns(4)[:2]
     want = chat(reference(), turns)

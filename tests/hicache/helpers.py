@@ -23,7 +23,11 @@ def device_only(page_size: int = 4, pages: int = 64, eviction: str = "lru") -> H
 
 
 def run_request(
-    cache: HiRadixCache, tokens: list[int], namespace: str | None = None, finish: bool = True
+    cache: HiRadixCache,
+    tokens: list[int],
+    namespace: str | None = None,
+    finish: bool = True,
+    priority: int = 0,
 ) -> TreeNode:
     """Match, lock, allocate the uncached part, 'compute' it, and cache it."""
     m = cache.match_prefix(tokens, namespace)
@@ -33,10 +37,12 @@ def run_request(
     assert new is not None, "test pool too small"
     slots = torch.cat([m.device_indices, new[: len(tokens) - hit]])
     if finish:
-        cache.cache_finished_req(tokens, slots, m.last_device_node, namespace)
+        cache.cache_finished_req(tokens, slots, m.last_device_node, namespace, priority=priority)
         cache.check_integrity()
         return m.last_device_node
-    res = cache.cache_unfinished_req(tokens, slots, m.last_device_node, namespace)
+    res = cache.cache_unfinished_req(
+        tokens, slots, m.last_device_node, namespace, priority=priority
+    )
     cache.check_integrity()
     return res.last_node
 

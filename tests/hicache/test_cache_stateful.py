@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hicache.cache import HiRadixCache
+from hicache.eviction import EVICTION_POLICIES
 from hicache.radix_tree import TreeNode
 from tests.hicache.helpers import device_only, run_request
 
@@ -19,10 +20,12 @@ class DeviceCacheMachine(RuleBasedStateMachine):
 
     cache: HiRadixCache
 
-    @initialize(page_size=st.sampled_from([1, 2, 4]))
-    def setup(self, page_size: int) -> None:
+    @initialize(
+        page_size=st.sampled_from([1, 2, 4]), eviction=st.sampled_from(sorted(EVICTION_POLICIES))
+    )
+    def setup(self, page_size: int, eviction: str) -> None:
         self.ps = page_size
-        self.cache = device_only(page_size, pages=48 // page_size)
+        self.cache = device_only(page_size, pages=48 // page_size, eviction=eviction)
         self.model: set[tuple[str | None, tuple[int, ...]]] = set()
         self.locks: list[tuple[TreeNode, str | None, tuple[int, ...]]] = []
 
@@ -42,13 +45,13 @@ class DeviceCacheMachine(RuleBasedStateMachine):
                 out.add((node.namespace, tuple(full[:end])))
         return out
 
-    @rule(seq=tokens, ns=namespaces)
-    def insert(self, seq: list[int], ns: str | None) -> None:
+    @rule(seq=tokens, ns=namespaces, priority=st.integers(0, 2))
+    def insert(self, seq: list[int], ns: str | None, priority: int) -> None:
         cap = self.cache.device_pool.allocator.capacity
         if len(seq) + self.ps > cap - self.cache.protected_size():
             return
         assert self.cache.match_prefix(seq, ns).device_hit_length == self._expected_hit(seq, ns)
-        run_request(self.cache, seq, ns)  # may evict others to make room
+        run_request(self.cache, seq, ns, priority=priority)  # may evict others to make room
         new = {(ns, tuple(seq[:end])) for end in range(self.ps, len(seq) + 1, self.ps)}
         cached = self._cached_prefixes()
         assert new <= cached and cached <= self.model | new

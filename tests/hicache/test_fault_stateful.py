@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from hicache.cache import HiRadixCache
 from hicache.errors import CacheError
 from hicache.radix_tree import TreeNode
+from hicache.write_policy import WRITE_POLICIES
 from storage_backends import StorageConfig
 from tests.hicache.helpers import expected_kv, two_tier, write_kv
 from transfer import CpuTransferEngine, FaultInjection, TransferError
@@ -51,7 +52,7 @@ class FaultMachine(RuleBasedStateMachine):
 
     @initialize(
         page_size=st.sampled_from([1, 2, 4]),
-        policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
+        policy=st.sampled_from(sorted(WRITE_POLICIES)),
         seed=st.integers(0, 2**16),
         fail_every=st.sampled_from([0, 2, 3, 5]),
         with_storage=st.booleans(),

@@ -9,6 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from hicache.cache import HiRadixCache
 from hicache.radix_tree import TreeNode
+from hicache.write_policy import WRITE_POLICIES
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
 from transfer import CpuTransferEngine, FaultInjection
@@ -24,7 +25,7 @@ class HostCacheMachine(RuleBasedStateMachine):
 
     @initialize(
         page_size=st.sampled_from([1, 2, 4]),
-        policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
+        policy=st.sampled_from(sorted(WRITE_POLICIES)),
         layout=st.sampled_from(["layer_first", "page_first"]),
         seed=st.integers(0, 2**16),
         with_storage=st.booleans(),

@@ -5,6 +5,7 @@ import torch
 
 from device_pool import SlotError
 from hicache.cache import CacheError
+from hicache.eviction import EVICTION_POLICIES
 from tests.hicache.helpers import device_only, run_request
 
 
@@ -143,6 +144,56 @@ def test_eviction_lfu_order(page_size: int) -> None:
     cache.evict(1)
     assert cache.match_prefix(seqs[1]).device_hit_length == 0
     assert cache.match_prefix(seqs[0]).device_hit_length == page_size
+    cache.check_integrity()
+
+
+def test_eviction_fifo_order(page_size: int) -> None:
+    cache = device_only(page_size, eviction="fifo")
+    seqs = [[i * 1000 + j for j in range(page_size)] for i in range(1, 4)]
+    for s in seqs:
+        run_request(cache, s)
+    for _ in range(3):
+        cache.match_prefix(seqs[0])  # use does not save the first inserted
+    cache.evict(1)
+    assert cache.match_prefix(seqs[0]).device_hit_length == 0
+    assert cache.match_prefix(seqs[1]).device_hit_length == page_size
+    cache.evict(1)
+    assert cache.match_prefix(seqs[1]).device_hit_length == 0
+    assert cache.match_prefix(seqs[2]).device_hit_length == page_size
+    cache.check_integrity()
+
+
+def test_eviction_priority_order(page_size: int) -> None:
+    cache = device_only(page_size, eviction="priority")
+    seqs = [[i * 1000 + j for j in range(page_size)] for i in range(1, 4)]
+    for s, priority in zip(seqs, (2, 0, 1), strict=True):
+        run_request(cache, s, priority=priority)
+    cache.match_prefix(seqs[1])  # recent use does not outrank priority
+    cache.evict(1)
+    assert cache.match_prefix(seqs[1]).device_hit_length == 0
+    cache.evict(1)
+    assert cache.match_prefix(seqs[2]).device_hit_length == 0
+    assert cache.match_prefix(seqs[0]).device_hit_length == page_size
+    # A later request of higher priority raises a shared prefix's priority.
+    run_request(cache, seqs[1], priority=0)
+    run_request(cache, [*seqs[1], *range(50, 50 + page_size)], priority=3)
+    cache.evict(1)
+    assert cache.match_prefix(seqs[0]).device_hit_length == 0
+    cache.check_integrity()
+
+
+@pytest.mark.parametrize("eviction", sorted(EVICTION_POLICIES))
+def test_every_eviction_policy_spares_locked_prefixes(eviction: str) -> None:
+    cache = device_only(4, pages=8, eviction=eviction)
+    keep = list(range(8))
+    m_node = run_request(cache, keep, finish=False)  # locked, in use
+    for tag in range(1, 6):
+        run_request(cache, [tag * 100 + j for j in range(8)])  # forces eviction
+    assert cache.match_prefix(keep).device_hit_length == 8
+    res = cache.evict(10**6)
+    assert res.freed == res.deleted > 0
+    assert cache.evictable_size() == 0 and cache.device_tokens() == 8
+    cache.dec_lock_ref(m_node)
     cache.check_integrity()
 
 

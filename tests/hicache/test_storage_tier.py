@@ -8,6 +8,7 @@ import lmdb
 import pytest
 
 from hicache.cache import CacheError, HiRadixCache
+from hicache.prefetch_policy import PREFETCH_POLICIES
 from hicache.results import MatchResult
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
@@ -79,7 +80,7 @@ def test_prefetch_threshold_and_unknown_request(tmp_path: Path) -> None:
     cache.close()
 
 
-@pytest.mark.parametrize("policy", ["best_effort", "wait_complete", "timeout"])
+@pytest.mark.parametrize("policy", sorted(PREFETCH_POLICIES))
 def test_prefetch_policies(tmp_path: Path, policy: str) -> None:
     cache = tiered(tmp_path, page_size=4, prefetch_policy=policy)
     a = seq(1, 16)
