@@ -7,16 +7,15 @@ import random
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
 from hicache.cache import HiRadixCache
 from hicache.config import CacheConfig
 from hicache.factory import build_device_pool, build_host_pool
-from storage_backends import StorageConfig, StorageStats
+from storage_backends import StorageConfig
+from tests.faulty_backends import RaisingBackend
 from tests.hicache.helpers import serve, two_tier
 from transfer import CpuTransferEngine
 
@@ -26,6 +25,7 @@ SEQS = [[tag * 1000 + i for i in range(64)] for tag in range(1, 5)]
 CHILD = """
 import json, sys
 from storage_backends import StorageConfig
+from tests.faulty_backends import RaisingBackend
 from tests.hicache.helpers import serve, two_tier
 seqs = json.loads(sys.argv[1])
 for path in sys.argv[2:]:
@@ -102,34 +102,6 @@ def test_cache_on_many_more_damaged_stores(tmp_path: Path, pristine: bytes) -> N
     _check_cases(tmp_path, pristine, seed=12, cases=60)
 
 
-class Broken:
-    """A backend whose every method raises."""
-
-    def _fail(self) -> NoReturn:
-        raise RuntimeError("backend exploded")
-
-    def exists(self, keys: Sequence[bytes]) -> int:
-        self._fail()
-
-    def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
-        self._fail()
-
-    def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
-        self._fail()
-
-    def delete(self, keys: Sequence[bytes]) -> int:
-        self._fail()
-
-    def take_removed(self) -> list[bytes]:
-        self._fail()
-
-    def stats(self) -> StorageStats:
-        self._fail()
-
-    def close(self) -> None:
-        self._fail()
-
-
 def test_backend_whose_every_method_raises_serves_misses() -> None:
     proto = two_tier(page_size=4, storage=StorageConfig(backend="memory", max_bytes=1 << 20))
     config: CacheConfig = proto.config
@@ -137,7 +109,7 @@ def test_backend_whose_every_method_raises_serves_misses() -> None:
     device = build_device_pool(config)
     host = build_host_pool(config, device)
     assert host is not None
-    cache = HiRadixCache(config, device, host, CpuTransferEngine(device, host), Broken())
+    cache = HiRadixCache(config, device, host, CpuTransferEngine(device, host), RaisingBackend())
     tokens = SEQS[0][:16]
     assert serve(cache, tokens) == 0
     cache.drain()

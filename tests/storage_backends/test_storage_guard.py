@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import pytest
 
-from storage_backends import StorageClosedError, StorageStats
+from storage_backends import StorageClosedError
 from storage_backends.errors import StoreDamagedError
 from storage_backends.guard import GuardedBackend, open_guarded
+from tests.faulty_backends import RaisingBackend
 
 if TYPE_CHECKING:
     from conftest import Pages
@@ -19,40 +20,8 @@ if TYPE_CHECKING:
 SIZE = 256
 
 
-class Broken:
-    """A backend whose every method raises (a bug, a dead disk, a damaged file)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def _fail(self) -> NoReturn:
-        self.calls += 1
-        raise RuntimeError("backend exploded")
-
-    def exists(self, keys: Sequence[bytes]) -> int:
-        self._fail()
-
-    def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
-        self._fail()
-
-    def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
-        self._fail()
-
-    def delete(self, keys: Sequence[bytes]) -> int:
-        self._fail()
-
-    def take_removed(self) -> list[bytes]:
-        self._fail()
-
-    def stats(self) -> StorageStats:
-        self._fail()
-
-    def close(self) -> None:
-        self._fail()
-
-
 def test_every_failure_is_a_counted_miss(pages: Pages, caplog: pytest.LogCaptureFixture) -> None:
-    inner = Broken()
+    inner = RaisingBackend()
     guard = GuardedBackend(inner)
     keys = pages.keys(range(4))
     dst = pages.buffers(4, SIZE)
@@ -75,7 +44,7 @@ def test_every_failure_is_a_counted_miss(pages: Pages, caplog: pytest.LogCapture
 
 
 def test_misuse_still_raises(pages: Pages) -> None:
-    inner = Broken()
+    inner = RaisingBackend()
     guard = GuardedBackend(inner)
     with pytest.raises(ValueError, match="32-byte"):
         guard.exists([b"short"])
