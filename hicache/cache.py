@@ -111,6 +111,9 @@ class HiRadixCache:
             self._build(config, device_pool, host_pool, transfer, storage)
         except BaseException:
             self._life.release()
+            # The parts refer back to this object (callbacks): drop them now so
+            # that the pools go with the exception, not at the next GC cycle.
+            vars(self).clear()
             raise
 
     def _build(

@@ -176,20 +176,29 @@ def test_exit_without_close_exits_cleanly_and_the_store_reopens(
 
 
 FAILED_CONSTRUCTIONS = """
-import gc, threading
+import gc, os, threading
 from storage_backends import StorageConfig
 from tests.hicache.helpers import two_tier
 bad = StorageConfig(backend="lmdb", path="/nonexistent-parent/store")
-before = threading.active_count()
-for _ in range(10):
-    try:
-        two_tier(page_size=4, storage=bad)
+
+def fail_once():
+    try:  # device and host pools of 64k tokens
+        two_tier(page_size=16, pages=4096, storage=bad)
     except Exception as exc:
         assert "parent directory" in str(exc), exc
     else:
         raise SystemExit("constructed on an unusable path")
+
+def rss_mib():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+
+fail_once()  # imports, allocator caches
 gc.collect()
-print(before, threading.active_count())
+threads, rss = threading.active_count(), rss_mib()
+for _ in range(10):
+    fail_once()
+gc.collect()
+print(threads, threading.active_count(), rss_mib() - rss)
 """
 
 
@@ -202,5 +211,6 @@ def test_ten_failed_constructions_leave_no_threads() -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    before, after = map(int, done.stdout.split())
+    before, after, grown_mib = map(int, done.stdout.split())
     assert after == before
+    assert grown_mib < 130  # held until a GC cycle, ten failures grew it by ~260 MiB
