@@ -658,11 +658,12 @@ class HiRadixCache:
     def drain(self) -> None:
         """Launch queued loads and wait until every transfer and storage job
         has been applied (storage puts started by the backups included).
-        Storage jobs are waited for at most ``storage.timeout_s`` in all;
-        one that overruns stays in flight and lands in a later ``poll()``."""
+        Transfers, then storage jobs, are waited for at most
+        ``storage.timeout_s`` each in all; work that overruns stays in flight
+        (its nodes locked or pinned) and lands in a later ``poll()``."""
         if self.host is None:
             return
-        self._route(self.host.drain())
+        self._route(self.host.drain(self.config.storage.timeout_s))
         if self.store is not None:
             self._route(self.store.drain())
         self.poll()
