@@ -21,7 +21,14 @@ import torch
 
 from device_pool import DeviceKVPool
 from hicache.config import CacheConfig
-from hicache.door import check_namespace, check_on_path, check_request_slots, check_tail_page
+from hicache.door import (
+    check_count,
+    check_namespace,
+    check_on_path,
+    check_request_id,
+    check_request_slots,
+    check_tail_page,
+)
 from hicache.errors import CacheError
 from hicache.events import EventSink
 from hicache.eviction import create_eviction_policy
@@ -334,8 +341,7 @@ class HiRadixCache:
         """Device slots for a request (whole pages), evicting if needed; None if
         even eviction cannot make room. The slots are request-held until they
         are inserted or passed to ``free_device``."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        check_count(num_tokens, "num_tokens")
         return self._alloc_device(align_up(num_tokens, self.page_size))
 
     def _alloc_device(self, num_tokens: int) -> torch.Tensor | None:
@@ -401,6 +407,7 @@ class HiRadixCache:
         When the host tier has no room for such a backup because storage
         writes in flight pin its pages, waits for them once (at most
         ``storage.timeout_s``)."""
+        check_count(num_tokens, "num_tokens")
         freed = demoted = deleted = 0
         waited = [False]  # one wait for storage per call keeps the call bounded
         while freed < num_tokens:
@@ -437,6 +444,7 @@ class HiRadixCache:
     def evict_host(self, num_tokens: int) -> int:
         """Free at least ``num_tokens`` host tokens from unpinned host-only
         leaves; the nodes are deleted (their pages may live on in storage)."""
+        check_count(num_tokens, "num_tokens")
         if self.host is None:
             return 0
         dropped = self.host.evict(num_tokens)
@@ -494,6 +502,7 @@ class HiRadixCache:
         queued; ``start_loading()`` launches it and ``wait_layer(i)`` gates
         attention. Loads below ``policy.load_back_threshold`` tokens, or that
         cannot get device slots, load nothing (``loaded_tokens == 0``)."""
+        check_count(host_hit_length, "host_hit_length")
         if self.host is None or self.host.transfer is None:
             raise CacheError("the host tier is disabled or closed")
         self.residency.check_node(last_host_node, locked=False)
@@ -557,6 +566,7 @@ class HiRadixCache:
         or no host room); ``check_prefetch`` reports how many arrived. On
         completion they are inserted as host-only nodes. CacheError if
         ``request_id`` already has a prefetch."""
+        check_request_id(request_id)
         if self.store is None or self.host is None:
             return 0
         if self.store.has_prefetch(request_id):

@@ -17,6 +17,19 @@ def check_namespace(namespace: object) -> None:
         raise ValueError(f"namespace must be a str or None, got {type(namespace).__name__}")
 
 
+def check_count(value: object, arg: str) -> int:
+    """ValueError naming ``arg`` unless ``value`` is an int >= 0 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{arg} must be an int >= 0, got {value!r}")
+    return value
+
+
+def check_request_id(request_id: object) -> None:
+    """ValueError unless ``request_id`` is a str (prefetches are kept by it)."""
+    if not isinstance(request_id, str):
+        raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
+
+
 def check_on_path(
     tree: RadixTree, node: TreeNode, key: Key, namespace: str | None, arg: str
 ) -> int:

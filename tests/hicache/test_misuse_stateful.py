@@ -186,8 +186,17 @@ class MisuseMachine(RuleBasedStateMachine):
         self._refused(lambda: self.cache.match_prefix(bad))  # type: ignore[arg-type]
 
     @rule(size=st.sampled_from([1.5, -1, "4", None, True]))
-    def bad_alloc(self, size: object) -> None:
+    def bad_sizes(self, size: object) -> None:
         self._refused(lambda: self.cache.alloc_device(size))  # type: ignore[arg-type]
+        self._refused(lambda: self.cache.evict(size))  # type: ignore[arg-type]
+        self._refused(lambda: self.cache.evict_host(size))  # type: ignore[arg-type]
+        root = self.cache.tree.root
+        self._refused(lambda: self.cache.init_load_back(root, size))  # type: ignore[arg-type]
+
+    @rule(tokens=sequences, request_id=st.sampled_from([None, 3, b"r", ("r",)]))
+    def bad_request_id(self, tokens: list[int], request_id: object) -> None:
+        root = self.cache.tree.root
+        self._refused(lambda: self.cache.prefetch(request_id, tokens, None, root))  # type: ignore[arg-type]
 
     @rule(a=sequences, b=sequences)
     def bad_prefetch_off_path(self, a: list[int], b: list[int]) -> None:
