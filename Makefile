@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/default.toml
 
-.PHONY: run test lint bench format clean redis-server
+.PHONY: run test test-slow lint bench format clean redis-server
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ test: $(STAMP) lint redis-server
 # The redis backend tests run real servers; installs Debian's redis-server when missing.
 redis-server:
 	sh scripts/ensure-redis-server.sh
+
+# Long soak tests (damage fuzzing at many offsets, `make run` 20 times): not in CI.
+test-slow: $(STAMP)
+	HICACHE_SLOW=1 $(PY) -m pytest -m slow
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

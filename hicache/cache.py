@@ -12,6 +12,8 @@ this module routes each one to the parts it concerns.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import time
 from collections.abc import Sequence
 
@@ -19,6 +21,14 @@ import torch
 
 from device_pool import DeviceKVPool
 from hicache.config import CacheConfig
+from hicache.door import (
+    check_count,
+    check_namespace,
+    check_on_path,
+    check_request_id,
+    check_request_slots,
+    check_tail_page,
+)
 from hicache.errors import CacheError
 from hicache.events import EventSink
 from hicache.eviction import create_eviction_policy
@@ -26,6 +36,7 @@ from hicache.factory import build_device_pool, build_host_pool, build_transfer
 from hicache.hashing import NodeKeys, model_fingerprint, page_keys
 from hicache.host_tier import HostTier
 from hicache.integrity import check_tree
+from hicache.lifecycle import Lifecycle
 from hicache.metrics import CacheMetrics, CacheStats
 from hicache.observer import Observer
 from hicache.paging import PageTable, align_down, align_up, empty_slots
@@ -41,10 +52,12 @@ from hicache.records import (
     PrefetchDone,
     PutDone,
     StorageRemoved,
+    WaitTimedOut,
 )
 from hicache.residency import ResidencyTree
 from hicache.results import (
     AdmitResult,
+    DeviceShortfall,
     EvictResult,
     InsertResult,
     LoadBackResult,
@@ -56,13 +69,25 @@ from hicache.results import (
 from hicache.storage_tier import StorageTier
 from hicache.write_policy import create_write_policy
 from host_pool import HostKVPool
-from storage_backends import StorageBackend, create
+from storage_backends import StorageBackend
+from storage_backends.guard import GuardedBackend, open_guarded
 from transfer import TransferEngine
 from transfer.storage_io import StorageIO
 
 __all__ = ["CacheError", "HiRadixCache"]
 
-Record = BackupDone | LoadDone | LoadFailed | PutDone | PrefetchDone | LookupDone | StorageRemoved
+logger = logging.getLogger(__name__)
+
+Record = (
+    BackupDone
+    | LoadDone
+    | LoadFailed
+    | PutDone
+    | PrefetchDone
+    | LookupDone
+    | StorageRemoved
+    | WaitTimedOut
+)
 
 
 class HiRadixCache:
@@ -86,7 +111,26 @@ class HiRadixCache:
     ) -> None:
         """Pools, the transfer engine and the storage backend are built from
         ``config`` unless given (an engine passes its own device pool; tests
-        pass a fault-injecting transfer engine)."""
+        pass a fault-injecting transfer engine). A constructor that fails
+        releases everything it started (worker threads, sockets, the store)."""
+        self._life = Lifecycle(self)
+        try:
+            self._build(config, device_pool, host_pool, transfer, storage)
+        except BaseException:
+            self._life.release()
+            # The parts refer back to this object (callbacks): drop them now so
+            # that the pools go with the exception, not at the next GC cycle.
+            vars(self).clear()
+            raise
+
+    def _build(
+        self,
+        config: CacheConfig,
+        device_pool: DeviceKVPool | None,
+        host_pool: HostKVPool | None,
+        transfer: TransferEngine | None,
+        storage: StorageBackend | None,
+    ) -> None:
         self.config = config
         self.page_size = ps = config.device.page_size
         self.device_pool = device_pool or build_device_pool(config)
@@ -103,9 +147,12 @@ class HiRadixCache:
         self.host: HostTier | None = None
         if self.host_pool is not None:
             engine = transfer or build_transfer(config, self.device_pool, self.host_pool)
+            self._life.started(engine.close)
             self.host = HostTier(self.host_pool, engine, self.residency.tree, evict_policy)
+            self._life.started(self.host.close)
         self.store = self._build_storage(storage)
         self.observer = Observer(config, self.keys, self._gauges)
+        self._life.started(self.observer.close)
 
     def _build_storage(self, backend: StorageBackend | None) -> StorageTier | None:
         cfg = self.config.storage
@@ -113,11 +160,15 @@ class HiRadixCache:
             return None
         if self.host_pool is None:
             raise ValueError("the storage tier needs the host tier")
+        # Behind the guard, a failing or damaged store costs hits, never the engine.
         if backend is None:
             named = dataclasses.replace(cfg, fingerprint=self.fingerprint.hex())
-            backend = create(cfg.backend, named)
-        io = StorageIO(backend, self.host_pool, self.config.policy.io_workers)
-        return StorageTier(io, self.page_size)
+            guarded = open_guarded(cfg.backend, named)
+        else:
+            guarded = GuardedBackend(backend, None, cfg.timeout_s)
+        io = StorageIO(guarded, self.host_pool, self.config.policy.io_workers)
+        self._life.started(functools.partial(io.close, cfg.timeout_s))
+        return StorageTier(io, self.page_size, cfg.timeout_s)
 
     def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:
         if self.host is not None:
@@ -156,6 +207,7 @@ class HiRadixCache:
         completed storage lookup of the pages past the host match found; when
         none completed yet it is 0 and a lookup starts on the I/O workers (the
         backend is never called here)."""
+        check_namespace(namespace)
         key = as_token_list(tokens)
         whole = align_down(len(key), self.page_size)
         aligned = key if whole == len(key) else key[:whole]  # no copy when aligned
@@ -192,7 +244,7 @@ class HiRadixCache:
         the tree already holds keep the tree's slots and the request's
         duplicates are freed; new pages pass to the tree. Slots past
         ``result.inserted_len`` stay the caller's."""
-        key, aligned = self._door(tokens, device_slots)
+        key, aligned = self._door(tokens, device_slots, namespace)
         return self._insert(key, aligned, device_slots, namespace, empty_slots(), False, priority)
 
     def cache_finished_req(
@@ -205,9 +257,10 @@ class HiRadixCache:
         priority: int = 0,
     ) -> InsertResult:
         """A request is done: insert its KV, free its duplicates and its partial
-        tail page, and drop the lock it held on ``last_node`` (from its match)."""
-        key, aligned = self._door(tokens, device_slots)
-        self.residency.check_node(last_node, locked=True)
+        tail page, and drop the lock it held on ``last_node`` (from its match).
+        The slots past ``last_node`` must be the request's own (SlotError: a
+        request finished twice, or another's KV)."""
+        key, aligned = self._door(tokens, device_slots, namespace, last_node)
         tail = self._pages.of(int(device_slots[aligned])) if aligned < len(key) else empty_slots()
         result = self._insert(key, aligned, device_slots, namespace, tail, True, priority)
         self.residency.unlock(last_node)
@@ -226,21 +279,36 @@ class HiRadixCache:
         lock from ``last_node`` to the new last node. Use
         ``result.device_indices`` for the first positions from now on; the
         slots after them stay the request's."""
-        key, aligned = self._door(tokens, device_slots)
-        self.residency.check_node(last_node, locked=True)
+        key, aligned = self._door(tokens, device_slots, namespace, last_node)
         result = self._insert(key, aligned, device_slots, namespace, empty_slots(), False, priority)
         self.residency.lock(result.last_node)
         self.residency.unlock(last_node)
         indices = self.residency.prefix_slots(result.last_node)
         return UnfinishedResult(indices, result.last_node, result.prefix_len)
 
-    def _door(self, tokens: Tokens, slots: torch.Tensor) -> tuple[Key, int]:
+    def _door(
+        self,
+        tokens: Tokens,
+        slots: torch.Tensor,
+        namespace: str | None,
+        last_node: TreeNode | None = None,
+    ) -> tuple[Key, int]:
+        """Every check of an insert's arguments that needs no walk; a locked
+        ``last_node`` must lie on the tokens' path, the slots past it be the
+        request's own."""
+        check_namespace(namespace)
         key = as_token_list(tokens)
         if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
             raise ValueError("device_slots must be a 1-D int64 tensor")
         if slots.numel() != len(key):
             raise ValueError(f"{len(key)} tokens but {slots.numel()} device slots")
-        return key, align_down(len(key), self.page_size)
+        aligned = align_down(len(key), self.page_size)
+        check_tail_page(slots[aligned:], self.page_size)
+        if last_node is not None:
+            self.residency.check_node(last_node, locked=True)
+            depth = check_on_path(self.tree, last_node, key, namespace, "last_node")
+            check_request_slots(self.device_pool.allocator, slots, depth, aligned)
+        return key, aligned
 
     def _insert(
         self,
@@ -276,8 +344,7 @@ class HiRadixCache:
         """Device slots for a request (whole pages), evicting if needed; None if
         even eviction cannot make room. The slots are request-held until they
         are inserted or passed to ``free_device``."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        check_count(num_tokens, "num_tokens")
         return self._alloc_device(align_up(num_tokens, self.page_size))
 
     def _alloc_device(self, num_tokens: int) -> torch.Tensor | None:
@@ -290,7 +357,23 @@ class HiRadixCache:
         if short and self.host is not None and self.host.backups_in_flight():
             self._route(self.host.wait_backups())
             self.evict(num_tokens - alloc.available())
-        return alloc.alloc(num_tokens)
+        slots = alloc.alloc(num_tokens)
+        if slots is None:
+            logger.info("device allocation failed: %s", self.device_shortfall(num_tokens))
+        return slots
+
+    def device_shortfall(self, num_tokens: int) -> DeviceShortfall:
+        """Why ``num_tokens`` device tokens cannot be had now: what holds the
+        device pool. Read-only; for error messages."""
+        pinned = sum(len(n.key) for n in self.tree.nodes() if n.host is not None and n.host_ref > 0)
+        return DeviceShortfall(
+            needed=align_up(num_tokens, self.page_size),
+            free=self.device_pool.allocator.available(),
+            locked=self.residency.protected_size(),
+            request_held=self.request_held_size(),
+            evictable=self.residency.evictable_size(),
+            host_pinned=pinned,
+        )
 
     def free_device(self, slots: torch.Tensor) -> None:
         """Return request-held slots (whole pages) that never reached the tree;
@@ -323,14 +406,19 @@ class HiRadixCache:
         """Free at least ``num_tokens`` device tokens if unlocked leaves allow it,
         by the eviction policy. A leaf with a host copy is demoted (stays,
         host-only); a leaf the write policy (or host-only children) wants kept
-        is backed up first, waiting for the copy; otherwise it is deleted."""
+        is backed up first, waiting for the copy; otherwise it is deleted.
+        When the host tier has no room for such a backup because storage
+        writes in flight pin its pages, waits for them once (at most
+        ``storage.timeout_s``)."""
+        check_count(num_tokens, "num_tokens")
         freed = demoted = deleted = 0
+        waited = [False]  # one wait for storage per call keeps the call bounded
         while freed < num_tokens:
             step = self.residency.evict_pass(num_tokens - freed, self._needs_write_back)
             dropped = list(step.dropped)
             lost = 0
             for node in step.write_back:
-                done = self._write_back(node)
+                done = self._write_back(node, waited)
                 lost += 0 if done is not None else len(node.key)
                 dropped += [done] if done is not None else []
             self._route_dropped(dropped, "device")
@@ -345,8 +433,13 @@ class HiRadixCache:
         # Host-only children would be orphaned by deleting their parent.
         return self.host is not None and (self._write.on_evict or bool(node.children))
 
-    def _write_back(self, node: TreeNode) -> Dropped | None:
+    def _write_back(self, node: TreeNode, waited: list[bool]) -> Dropped | None:
         op = self._backup(node)
+        if op is None and not waited[0] and self.store is not None and self.store.in_flight():
+            # Host full of copies that storage puts still read: let them land, retry.
+            waited[0] = True
+            self._route(self.store.drain())
+            op = self._backup(node)
         if op is not None and self.host is not None:
             self._route([self.host.wait(op)])
         return self.residency.finish_write_back(node)
@@ -354,6 +447,7 @@ class HiRadixCache:
     def evict_host(self, num_tokens: int) -> int:
         """Free at least ``num_tokens`` host tokens from unpinned host-only
         leaves; the nodes are deleted (their pages may live on in storage)."""
+        check_count(num_tokens, "num_tokens")
         if self.host is None:
             return 0
         dropped = self.host.evict(num_tokens)
@@ -411,6 +505,7 @@ class HiRadixCache:
         queued; ``start_loading()`` launches it and ``wait_layer(i)`` gates
         attention. Loads below ``policy.load_back_threshold`` tokens, or that
         cannot get device slots, load nothing (``loaded_tokens == 0``)."""
+        check_count(host_hit_length, "host_hit_length")
         if self.host is None or self.host.transfer is None:
             raise CacheError("the host tier is disabled or closed")
         self.residency.check_node(last_host_node, locked=False)
@@ -474,13 +569,15 @@ class HiRadixCache:
         or no host room); ``check_prefetch`` reports how many arrived. On
         completion they are inserted as host-only nodes. CacheError if
         ``request_id`` already has a prefetch."""
+        check_request_id(request_id)
         if self.store is None or self.host is None:
             return 0
         if self.store.has_prefetch(request_id):
             raise CacheError(f"request {request_id!r} already has a prefetch")
+        check_namespace(namespace)
         key = as_token_list(tokens)
         self.residency.check_node(last_host_node, locked=False)
-        start = self.residency.depth_tokens(last_host_node)
+        start = check_on_path(self.tree, last_host_node, key, namespace, "last_host_node")
         aligned = align_down(len(key), self.page_size)
         threshold = self.config.policy.prefetch_threshold
         if aligned - start <= 0 or aligned - start < threshold:
@@ -516,13 +613,17 @@ class HiRadixCache:
         return PrefetchStatus(ready, state.done, state.fetched, total)
 
     def wait_prefetch(self, request_id: str) -> PrefetchStatus:
-        """Block until ``request_id``'s prefetch has landed and been inserted."""
+        """Block until ``request_id``'s prefetch has landed and been inserted,
+        at most ``storage.timeout_s``; then the request goes on without it
+        (``ready`` and not ``done``: its pages are misses; the job still lands
+        later and is inserted then)."""
         if self.store is None:
             raise CacheError(f"no prefetch for request {request_id!r}")
         job = self.store.prefetch_job(request_id)
         if job is not None:
             self._route(self.store.wait(job))
-        return self.check_prefetch(request_id)
+        status = self.check_prefetch(request_id)
+        return status if status.done else status._replace(ready=True)
 
     def release_prefetch(self, request_id: str) -> None:
         """The request no longer waits on its prefetch (how long it waited goes
@@ -572,10 +673,13 @@ class HiRadixCache:
 
     def drain(self) -> None:
         """Launch queued loads and wait until every transfer and storage job
-        has been applied (storage puts started by the backups included)."""
+        has been applied (storage puts started by the backups included).
+        Transfers, then storage jobs, are waited for at most
+        ``storage.timeout_s`` each in all; work that overruns stays in flight
+        (its nodes locked or pinned) and lands in a later ``poll()``."""
         if self.host is None:
             return
-        self._route(self.host.drain())
+        self._route(self.host.drain(self.config.storage.timeout_s))
         if self.store is not None:
             self._route(self.store.drain())
         self.poll()
@@ -615,7 +719,12 @@ class HiRadixCache:
                 event = self.observer.stored_event(n, "storage")
                 self.store.put(self.keys.of(n), n.host, self.host.pin([n]), event)
 
-    def _route_storage(self, rec: PutDone | PrefetchDone | LookupDone | StorageRemoved) -> None:
+    def _route_storage(
+        self, rec: PutDone | PrefetchDone | LookupDone | StorageRemoved | WaitTimedOut
+    ) -> None:
+        if isinstance(rec, WaitTimedOut):
+            self.observer.metrics.add("storage_wait_timeouts")
+            return
         if not isinstance(rec, StorageRemoved):
             self.observer.storage_calls(rec.timings)
         if isinstance(rec, PutDone):
@@ -639,26 +748,34 @@ class HiRadixCache:
     # administration ------------------------------------------------------------
     def reset(self) -> None:
         """Drop every cached page in the device and host tiers (storage keeps
-        its pages). Waits for transfers in flight first; CacheError (nothing
-        dropped) while requests hold locks or prefetches are registered."""
+        its pages). Waits for transfers in flight first (storage jobs at most
+        ``storage.timeout_s``); CacheError (nothing dropped) while requests
+        hold locks, prefetches are registered, or a storage job still uses
+        host pages after that wait."""
         self.drain()
         if self.residency.protected_size() or (self.store and self.store.reserved()):
             raise CacheError("cannot reset while requests hold locks")
+        if self.store is not None and self.store.in_flight():
+            raise CacheError(
+                f"cannot reset: {self.store.in_flight()} storage jobs still use host pages "
+                f"after {self.store.timeout_s:g} s (storage.timeout_s)"
+            )
         nodes = self.residency.clear()
         if self.host is not None:
             self.host.clear(nodes)
         self.observer.cleared()
 
     def close(self) -> None:
-        """Wait for transfers and storage writes in flight, then stop the
-        workers and close the storage backend. Idempotent."""
+        """Wait for transfers and storage writes in flight (storage at most
+        ``storage.timeout_s``), then stop the workers and close the storage
+        backend. Idempotent. A cache never closed is released the same way
+        when collected or at interpreter exit."""
+        if self._life.released:
+            return
         if self.host is not None and self.host.transfer is not None:
             self.drain()
-            self.host.close()
-        if self.store is not None:
-            self.store.close()
-            self.store = None
-        self.observer.close()
+        self._life.release()
+        self.store = None
 
     def __enter__(self) -> HiRadixCache:
         return self

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -275,6 +276,9 @@ def _coerce(value: object, kind: object, key: str) -> Scalar:
         kind = typing.get_args(kind)[0]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    # Sizes and ratios become integers (token counts, bytes): inf and nan never make sense.
+    if kind is float and isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{key}: must be a finite number, got {value!r}")
     if kind is bool and not isinstance(value, bool):
         raise ValueError(f"{key}: expected true/false, got {value!r}")
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):

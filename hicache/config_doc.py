@@ -45,7 +45,10 @@ MEANINGS: dict[str, str] = {
     "storage.path": "store directory (lmdb, file); empty: the per-user cache directory",
     "storage.max_bytes": "store capacity; least recently used pages go first",
     "storage.map_size": "LMDB map size; 0: `max_bytes` plus headroom",
-    "storage.timeout_s": "bound on every wait for a storage operation",
+    "storage.timeout_s": (
+        "longest wait on storage or transfer work (`drain`, `reset`, `close`, `wait_prefetch`,"
+        " a network request); work that overruns lands later"
+    ),
     "storage.max_page_bytes": "largest page a backend accepts",
     "storage.fingerprint": "set by the cache (the model fingerprint); leave empty",
     "storage.allow_fingerprint_mismatch": "open a store written for another model anyway",

@@ -220,16 +220,29 @@ class HostTier:
             return []
         return [self._finish(done) for done in self.transfer.poll()]
 
-    def drain(self) -> list[TransferRecord]:
-        """Launch queued loads and wait for every transfer in flight."""
+    def drain(self, timeout_s: float | None = None) -> list[TransferRecord]:
+        """Launch queued loads and wait for every transfer in flight, all
+        together at most ``timeout_s``; an op still running then stays in
+        flight (its nodes locked) and lands in a later ``poll()``."""
         if self.transfer is None:
             return []
         if self._queued:
             self.transfer.start_loading()
             self._launched_early |= self._queued
             self._queued = set()
-        ops = list(self._backups) + list(self._loads)
-        return [self.wait(op) for op in ops if op in self._backups or op in self._loads]
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        out: list[TransferRecord] = []
+        for op in list(self._backups) + list(self._loads):
+            if op not in self._backups and op not in self._loads:
+                continue
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                out.append(self._finish(self.engine().wait(op, left)))
+            except TransferError:
+                if deadline is None:
+                    raise
+                logger.warning("transfer op %d still running after %.1f s", op, timeout_s)
+        return out
 
     def wait(self, op: int) -> TransferRecord:
         return self._finish(self.engine().wait(op))

@@ -71,6 +71,7 @@ class CacheStats:
     prefetch_partial: int = 0
     prefetch_failed: int = 0
     prefetch_below_threshold: int = 0
+    storage_wait_timeouts: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)

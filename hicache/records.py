@@ -112,3 +112,10 @@ class StorageRemoved(NamedTuple):
     """Page keys the backend evicted, deleted or dropped as damaged."""
 
     keys: tuple[bytes, ...]
+
+
+class WaitTimedOut(NamedTuple):
+    """A wait for storage job ``job_id`` gave up after ``storage.timeout_s``;
+    the job stays in flight and lands in a later poll."""
+
+    job_id: int

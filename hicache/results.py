@@ -105,3 +105,21 @@ class AdmitResult(NamedTuple):
     device_indices: torch.Tensor
     last_node: TreeNode
     loaded_tokens: int
+
+
+class DeviceShortfall(NamedTuple):
+    """What holds the device pool when an allocation of ``needed`` tokens fails."""
+
+    needed: int
+    free: int
+    locked: int  # tree tokens pinned by requests' locks (and backups/loads in flight)
+    request_held: int  # handed out by alloc_device, not yet inserted or freed
+    evictable: int  # unlocked tree tokens eviction could not reach or free
+    host_pinned: int  # host tokens pinned by storage jobs (they block write-backs)
+
+    def __str__(self) -> str:
+        return (
+            f"need {self.needed} device tokens, {self.free} free; {self.locked} locked, "
+            f"{self.request_held} held by requests, {self.evictable} evictable but blocked "
+            f"({self.host_pinned} host tokens pinned by storage jobs)"
+        )

@@ -8,7 +8,7 @@ they found, and the job that drains the backend's removal journal.
 No backend call ever runs on the owner thread: every lookup, get, put and
 journal drain is a job on the I/O workers. Owner thread only; completed
 jobs come back from ``poll()`` as ``PutDone``/``PrefetchDone``/
-``LookupDone``/``StorageRemoved`` records for the façade to route. Host pins
+``LookupDone``/``StorageRemoved``/``WaitTimedOut`` records for the façade to route. Host pins
 are the host tier's: a job carries the pin id it was given.
 """
 
@@ -23,21 +23,29 @@ import torch
 from hicache.errors import CacheError
 from hicache.events import BlockStored
 from hicache.radix_tree import Key
-from hicache.records import LookupDone, PrefetchDone, PrefetchState, PutDone, StorageRemoved
+from hicache.records import (
+    LookupDone,
+    PrefetchDone,
+    PrefetchState,
+    PutDone,
+    StorageRemoved,
+    WaitTimedOut,
+)
 from transfer.storage_io import StorageCompletion, StorageIO, StorageJob
 
 logger = logging.getLogger("hicache.cache")
 
-StorageRecord = PutDone | PrefetchDone | LookupDone | StorageRemoved
+StorageRecord = PutDone | PrefetchDone | LookupDone | StorageRemoved | WaitTimedOut
 LOOKUP_MEMORY = 4096  # lookups whose result is remembered for match_prefix
 
 
 class StorageTier:
     """Storage I/O for the cache (see the module docstring)."""
 
-    def __init__(self, io: StorageIO, page_size: int) -> None:
+    def __init__(self, io: StorageIO, page_size: int, timeout_s: float = 5.0) -> None:
         self.io = io
         self.page_size = page_size
+        self.timeout_s = timeout_s  # the bound of every wait (storage.timeout_s)
         self._puts: dict[int, tuple[int, BlockStored | None]] = {}  # job -> (pin, event)
         self._prefetches: dict[str, PrefetchState] = {}  # request id -> prefetch
         self._prefetch_jobs: dict[int, PrefetchState] = {}  # job -> prefetch in flight
@@ -131,21 +139,37 @@ class StorageTier:
             self._removal_job = self.io.submit(StorageJob("removed", ()))
         return out
 
-    def wait(self, job_id: int) -> list[StorageRecord]:
-        done = self._finish(self.io.wait(job_id))
+    def wait(self, job_id: int, timeout_s: float | None = None) -> list[StorageRecord]:
+        """Wait for one job, at most ``timeout_s`` (default ``self.timeout_s``).
+        A job that does not finish in time is given up on, not cancelled: it
+        stays in flight (its host pages pinned or reserved, since the worker
+        may still use them) and lands in a later ``poll()``."""
+        got = self.io.wait(job_id, self.timeout_s if timeout_s is None else timeout_s)
+        if got is None:
+            logger.warning("storage job %d still running; not waiting longer", job_id)
+            return [WaitTimedOut(job_id)]
+        done = self._finish(got)
         return [] if done is None else [done]
 
     def drain(self) -> list[StorageRecord]:
-        """Wait for every job in flight (puts, prefetches, lookups, journal)."""
+        """Wait for every job in flight (puts, prefetches, lookups, journal),
+        all together at most ``timeout_s``; see ``wait`` for jobs that overrun."""
+        deadline = time.monotonic() + self.timeout_s
         pending = [*self._puts, *self._prefetch_jobs, *self._lookups]
         if self._removal_job is not None:
             pending.append(self._removal_job)
         out: list[StorageRecord] = []
         for job in pending:
-            out += self.wait(job)
+            out += self.wait(job, max(0.0, deadline - time.monotonic()))
         # Then the journal once more: the puts just waited for may have evicted.
-        self._removal_job = self.io.submit(StorageJob("removed", ()))
-        return out + self.wait(self._removal_job)
+        if self._removal_job is None:
+            self._removal_job = self.io.submit(StorageJob("removed", ()))
+            out += self.wait(self._removal_job, max(0.0, deadline - time.monotonic()))
+        return out
+
+    def in_flight(self) -> int:
+        """Jobs whose host pages a worker may still read or write."""
+        return len(self._puts) + len(self._prefetch_jobs)
 
     def _finish(self, done: StorageCompletion) -> StorageRecord | None:
         if done.job_id in self._puts:
@@ -176,8 +200,9 @@ class StorageTier:
         return None
 
     def close(self) -> None:
-        """Finish queued jobs, stop the workers, close the backend."""
-        self.io.close()
+        """Finish queued jobs, stop the workers, close the backend; gives up on
+        workers still busy after ``timeout_s`` (the backend then stays open)."""
+        self.io.close(self.timeout_s)
 
     def check(self) -> None:
         """Assert the prefetch tables agree with each other."""

@@ -14,7 +14,10 @@ class StorageStats:
     ``entries``/``bytes_used`` describe the store; the counters are totals since
     this backend object was created (in this process). ``bytes_used`` counts
     stored bytes including page headers. ``corrupt`` counts stored pages found
-    damaged (bad checksum or header) and deleted.
+    damaged (bad checksum or header) and deleted. ``errors`` counts backend
+    calls that failed and were reported as misses or failed puts;
+    ``quarantined`` counts whole stores found damaged, moved aside and
+    started empty.
     """
 
     entries: int
@@ -27,6 +30,8 @@ class StorageStats:
     evictions: int
     corrupt: int
     deletes: int
+    errors: int = 0
+    quarantined: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The snapshot as a JSON-ready dict."""

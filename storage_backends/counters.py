@@ -21,6 +21,8 @@ class StatCounters:
         self._evictions = 0
         self._corrupt = 0
         self._deletes = 0
+        self._errors = 0
+        self._quarantined = 0
         # Bounded: a backend nobody takes removals from must not grow without end.
         self._removed: deque[bytes] = deque(maxlen=1 << 16)
 
@@ -43,6 +45,14 @@ class StatCounters:
     def record_deletes(self, deletes: int) -> None:
         with self._lock:
             self._deletes += deletes
+
+    def record_error(self) -> None:
+        with self._lock:
+            self._errors += 1
+
+    def record_quarantine(self) -> None:
+        with self._lock:
+            self._quarantined += 1
 
     def note_removed(self, keys: Iterable[bytes]) -> None:
         """Remember keys this backend removed (evicted, deleted, found corrupt)."""
@@ -70,4 +80,6 @@ class StatCounters:
                 evictions=self._evictions,
                 corrupt=self._corrupt,
                 deletes=self._deletes,
+                errors=self._errors,
+                quarantined=self._quarantined,
             )

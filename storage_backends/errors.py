@@ -22,3 +22,9 @@ class StorageOpenError(StorageError):
 
 class FingerprintMismatchError(StorageOpenError):
     """The store was created for another model (different fingerprint)."""
+
+
+class StoreDamagedError(StorageError):
+    """The store's structure (not one page) is damaged; it must be closed and
+    quarantined. Raised by a backend's methods at run time; ``GuardedBackend``
+    turns it into misses and a fresh, empty store."""

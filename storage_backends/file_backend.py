@@ -26,6 +26,7 @@ from storage_backends.batch import check_batch, check_keys
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
+from storage_backends.log_limit import LogLimiter
 from storage_backends.page_format import (
     HEADER_BYTES,
     KEY_BYTES,
@@ -124,6 +125,14 @@ def _page_files(pages: Path) -> Iterator[os.DirEntry[str]]:
                     yield from os.scandir(level2.path)
 
 
+def _stat(entry: os.DirEntry[str]) -> os.stat_result | None:
+    """The entry's stat, or None if another thread or process removed it meanwhile."""
+    try:
+        return entry.stat()
+    except FileNotFoundError:
+        return None
+
+
 def _scan(pages: Path) -> OrderedDict[bytes, int]:
     """Index of stored pages (key → file size), oldest modification first.
 
@@ -134,8 +143,11 @@ def _scan(pages: Path) -> OrderedDict[bytes, int]:
     stale = ignored = 0
     now_ns = time.time_ns()
     for entry in _page_files(pages):
+        stat = _stat(entry)
+        if stat is None:
+            continue
         if entry.name.startswith(_TMP_PREFIX):
-            if now_ns - entry.stat().st_mtime_ns > _STALE_TMP_S * 1e9:
+            if now_ns - stat.st_mtime_ns > _STALE_TMP_S * 1e9:
                 stale += _unlink(entry.path)
             continue
         try:
@@ -145,7 +157,6 @@ def _scan(pages: Path) -> OrderedDict[bytes, int]:
         if len(key) != KEY_BYTES or not entry.is_file():
             ignored += 1
             continue
-        stat = entry.stat()
         found.append(_PageFile(key, stat.st_size, stat.st_mtime_ns))
     if stale or ignored:
         logger.info("%s: removed %d stale temp files, ignored %d others", pages, stale, ignored)
@@ -178,6 +189,10 @@ class FileBackend:
         self._counters = StatCounters()
         self._closed = False
         self._written_since_scan = 0
+        # Keys removed while a rescan runs: its listing may predate the removal.
+        self._scans = 0
+        self._gone_while_scanning: set[bytes] = set()
+        self._log = LogLimiter(logger)
         self._counters.record_evictions(self._evict_to(config.max_bytes, b""))
 
     def _check_open(self) -> None:
@@ -238,8 +253,8 @@ class FileBackend:
         except FileNotFoundError:
             self._forget(key)
             return None
-        except OSError:
-            logger.warning("could not read page file %s", path, exc_info=True)
+        except OSError as exc:
+            self._log.failure(f"could not read page files in {self._pages_dir}", exc)
             return None
         return _Read(copy_verified(scratch[:got], key, view), stat.st_ino)
 
@@ -268,9 +283,15 @@ class FileBackend:
 
     def _forget(self, key: bytes) -> None:
         with self._lock:
+            self._note_gone(key)
             size = self._index.pop(key, None)
             if size is not None:
                 self._bytes_used -= size
+
+    def _note_gone(self, key: bytes) -> None:
+        """Keep a rescan in progress from reviving ``key``; the caller holds the lock."""
+        if self._scans:
+            self._gone_while_scanning.add(key)
 
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         self._check_open()
@@ -308,8 +329,8 @@ class FileBackend:
             finally:
                 os.close(fd)
             os.replace(tmp, path)
-        except OSError:
-            logger.warning("could not store page file %s", path, exc_info=True)
+        except OSError as exc:
+            self._log.failure(f"could not store page files in {self._pages_dir}", exc)
             if tmp:
                 _unlink(tmp)
             return False
@@ -332,12 +353,22 @@ class FileBackend:
     def _rescan(self) -> None:
         """Re-read the directory (pages other processes wrote), keeping this
         process's recency order for the pages it knows."""
+        with self._lock:
+            self._scans += 1
         try:
             fresh = _scan(Path(self._pages_dir))
-        except OSError:
-            logger.warning("could not rescan %s", self._pages_dir, exc_info=True)
-            return
+        except OSError as exc:
+            fresh = None
+            self._log.failure(f"could not rescan {self._pages_dir}", exc)
         with self._lock:
+            self._scans -= 1
+            gone = self._gone_while_scanning
+            if not self._scans:
+                self._gone_while_scanning = set()
+            if fresh is None:
+                return
+            for key in gone:
+                fresh.pop(key, None)
             for key in self._index:
                 if key in fresh:
                     fresh.move_to_end(key)
@@ -354,11 +385,13 @@ class FileBackend:
                     break
                 del self._index[key]
                 self._bytes_used -= size
+                self._note_gone(key)
                 victims.append(key)
-        for key in victims:
-            _unlink(self._path(key))
-        self._counters.note_removed(victims)
-        return len(victims)
+        # Only files this call removed count: another thread or process may
+        # have deleted (or evicted) the same page already.
+        removed = [key for key in victims if _unlink(self._path(key))]
+        self._counters.note_removed(removed)
+        return len(removed)
 
     def delete(self, keys: Sequence[bytes]) -> int:
         self._check_open()

@@ -9,11 +9,12 @@ several processes may share one store.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,7 +24,8 @@ from storage_backends.base import StorageStats
 from storage_backends.batch import check_batch, check_keys
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
-from storage_backends.errors import StorageClosedError, StorageOpenError
+from storage_backends.errors import StorageClosedError, StorageOpenError, StoreDamagedError
+from storage_backends.lmdb_check import check_store
 from storage_backends.page_format import (
     HEADER_BYTES,
     Verdict,
@@ -31,7 +33,12 @@ from storage_backends.page_format import (
     encode_page,
     validate,
 )
-from storage_backends.store_dir import StoreMeta, prepare_store_dir, reconcile_meta
+from storage_backends.store_dir import (
+    StoreMeta,
+    prepare_store_dir,
+    quarantine_store,
+    reconcile_meta,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +51,18 @@ _TOUCH_FLUSH = 4096
 # LMDB rounds large values up to whole pages and needs room for B-tree pages
 # and transaction copies; the map gets this much beyond max_bytes.
 _MIN_HEADROOM = 64 << 20
+# The structural check of an existing store reads every B-tree page; a healthy
+# store of millions of pages takes seconds, a looping damaged one is cut off.
+_MIN_CHECK_S = 60.0
+# LMDB errors that mean the store's structure (not one call) is broken.
+_DAMAGE_ERRORS = (
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.PanicError,
+    lmdb.InvalidError,
+    lmdb.BadTxnError,
+    lmdb.VersionMismatchError,
+)
 
 
 def _u64(value: int) -> bytes:
@@ -147,6 +166,11 @@ class _Writer:
         self._txn.put(_META_BYTES_USED, _u64(self.bytes_used), db=self._dbs.meta)
 
 
+def _raise_if_damage(exc: lmdb.Error, path: str) -> None:
+    if isinstance(exc, _DAMAGE_ERRORS):
+        raise StoreDamagedError(f"LMDB store {path}: {type(exc).__name__}: {exc}") from exc
+
+
 def _open_env(path: Path, config: StorageConfig) -> lmdb.Environment:
     map_size = config.map_size or config.max_bytes + max(config.max_bytes // 4, _MIN_HEADROOM)
     try:
@@ -161,7 +185,19 @@ def _open_env(path: Path, config: StorageConfig) -> lmdb.Environment:
             max_spare_txns=4,
         )
     except lmdb.Error as exc:
+        _raise_if_damage(exc, str(path))
         raise StorageOpenError(f"storage.path {path}: cannot open LMDB store: {exc}") from exc
+
+
+def _fingerprint(raw: bytes | None) -> str:
+    """The stored fingerprint; StoreDamagedError if it is not the printable text written."""
+    try:
+        text = bytes(raw or b"").decode("ascii")
+    except UnicodeDecodeError:
+        text = "\n"
+    if not text.isprintable():
+        raise StoreDamagedError(f"the meta table's fingerprint is damaged: {raw!r:.80}")
+    return text
 
 
 class LmdbBackend:
@@ -175,29 +211,52 @@ class LmdbBackend:
 
     def __init__(self, config: StorageConfig) -> None:
         self._config = config
-        self._env = _open_env(prepare_store_dir(config), config)
+        self._counters = StatCounters()
+        path = prepare_store_dir(config)
+        damage = check_store(path, max(_MIN_CHECK_S, config.timeout_s)).damage
+        if damage is not None:
+            path = self._quarantine(path, damage)
         try:
-            names = (b"pages", b"lru", b"atime", b"meta")
-            self._dbs = _Dbs(*(self._env.open_db(name) for name in names))
-            self._init_meta()
-        except lmdb.Error as exc:
-            self._env.close()
-            raise StorageOpenError(f"storage.path {config.store_dir()}: {exc}") from exc
-        except BaseException:
-            self._env.close()
-            raise
+            self._env, self._dbs = self._open(path)
+        except StoreDamagedError as exc:  # damage the child's walk could not see
+            self._env, self._dbs = self._open(self._quarantine(path, str(exc)))
         self._write_lock = threading.Lock()
         self._lock = threading.Lock()
         self._touched: OrderedDict[bytes, None] = OrderedDict()
-        self._counters = StatCounters()
         self._closed = False
 
-    def _init_meta(self) -> None:
-        with self._env.begin(write=True, db=self._dbs.meta) as txn:
+    def _quarantine(self, path: Path, damage: str) -> Path:
+        """Move the damaged store aside, count it, and return the (new, empty) store path."""
+        moved = quarantine_store(path)
+        logger.error(
+            "LMDB store %s is damaged (%s); moved to %s, starting empty", path, damage, moved
+        )
+        self._counters.record_quarantine()
+        return prepare_store_dir(self._config)
+
+    def _open(self, path: Path) -> tuple[lmdb.Environment, _Dbs]:
+        env = _open_env(path, self._config)
+        try:
+            names = (b"pages", b"lru", b"atime", b"meta")
+            dbs = _Dbs(*(env.open_db(name) for name in names))
+            self._init_meta(env, dbs)
+        except lmdb.Error as exc:
+            env.close()
+            _raise_if_damage(exc, str(path))
+            raise StorageOpenError(f"storage.path {path}: {exc}") from exc
+        except BaseException:
+            env.close()
+            raise
+        return env, dbs
+
+    def _init_meta(self, env: lmdb.Environment, dbs: _Dbs) -> None:
+        with env.begin(write=True, db=dbs.meta) as txn:
             version = txn.get(_META_VERSION)
             stored = None
+            if version is not None and len(version) != 8:
+                raise StoreDamagedError(f"the meta table's format version is damaged: {version!r}")
             if version is not None:
-                stored = StoreMeta(_from_u64(version), txn.get(_META_FINGERPRINT, b"").decode())
+                stored = StoreMeta(_from_u64(version), _fingerprint(txn.get(_META_FINGERPRINT)))
             meta = reconcile_meta(stored, self._config)
             txn.put(_META_VERSION, _u64(meta.format_version))
             txn.put(_META_FINGERPRINT, meta.fingerprint.encode())
@@ -208,12 +267,22 @@ class LmdbBackend:
         if self._closed:
             raise StorageClosedError("LmdbBackend is closed")
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[lmdb.Transaction]:
+        """A transaction whose structural failures raise StoreDamagedError."""
+        try:
+            with self._env.begin(buffers=True) as txn:
+                yield txn
+        except lmdb.Error as exc:
+            _raise_if_damage(exc, self._config.path)
+            raise
+
     def exists(self, keys: Sequence[bytes]) -> int:
         self._check_open()
         check_keys(keys)
-        with self._env.begin(db=self._dbs.pages, buffers=True) as txn:
+        with self._reading() as txn:
             for count, key in enumerate(keys):
-                if txn.get(key) is None:
+                if txn.get(key, db=self._dbs.pages) is None:
                     return count
         return len(keys)
 
@@ -222,12 +291,12 @@ class LmdbBackend:
         views = check_batch(keys, dst, writable=True)
         hits = [False] * len(keys)
         damaged: list[bytes] = []
-        with self._env.begin(db=self._dbs.pages, buffers=True) as txn:
+        with self._reading() as txn:
             for i, (key, view) in enumerate(zip(keys, views, strict=True)):
-                blob = txn.get(key)
+                blob = txn.get(key, db=self._dbs.pages)
                 if blob is None:
                     continue
-                verdict = copy_verified(blob, key, view)
+                verdict = copy_verified(memoryview(blob), key, view)  # a view already: no copy
                 hits[i] = verdict is Verdict.OK
                 if verdict.corrupt:
                     damaged.append(key)
@@ -271,7 +340,8 @@ class LmdbBackend:
                     if blob is not None and validate(blob, key, None).corrupt:
                         dropped += writer.remove(key)
                 writer.finish()
-        except lmdb.Error:
+        except lmdb.Error as exc:
+            _raise_if_damage(exc, self._config.path)
             logger.exception("could not delete %d damaged pages", len(keys))
             return 0
         self._counters.note_removed(writer.removed)
@@ -310,7 +380,8 @@ class LmdbBackend:
                 for key in keys:
                     writer.touch(key)
                 writer.finish()
-        except lmdb.Error:
+        except lmdb.Error as exc:
+            _raise_if_damage(exc, self._config.path)
             logger.exception("dropped %d recency updates", len(keys))
 
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
@@ -343,7 +414,8 @@ class LmdbBackend:
                     done = _PutOutcome([], 0, 0, 0)
                     limit = 0
                     break
-            except lmdb.Error:
+            except lmdb.Error as exc:
+                _raise_if_damage(exc, self._config.path)
                 logger.exception("LMDB write of %d pages failed", limit)
                 done = _PutOutcome([], 0, 0, 0)
                 limit = 0
@@ -398,7 +470,8 @@ class LmdbBackend:
                 writer = _Writer(txn, self._dbs)
                 removed = sum(writer.remove(key) for key in keys)
                 writer.finish()
-        except lmdb.Error:
+        except lmdb.Error as exc:
+            _raise_if_damage(exc, self._config.path)
             logger.exception("LMDB delete of %d pages failed", len(keys))
             return 0
         self._counters.note_removed(writer.removed)
@@ -410,7 +483,7 @@ class LmdbBackend:
 
     def stats(self) -> StorageStats:
         self._check_open()
-        with self._env.begin(buffers=True) as txn:
+        with self._reading() as txn:
             entries = txn.stat(self._dbs.pages)["entries"]
             used = txn.get(_META_BYTES_USED, db=self._dbs.meta)
             bytes_used = _from_u64(used) if used is not None else 0
@@ -420,6 +493,8 @@ class LmdbBackend:
         with self._write_lock:
             if self._closed:
                 return
-            self._flush_touches()
             self._closed = True
-            self._env.close()
+            try:
+                self._flush_touches()
+            finally:
+                self._env.close()

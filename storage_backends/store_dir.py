@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -80,3 +81,23 @@ def reconcile_meta(stored: StoreMeta | None, config: StorageConfig) -> StoreMeta
         )
     logger.warning("%s; using it because storage.allow_fingerprint_mismatch is set", message)
     return stored
+
+
+def quarantine_store(path: Path) -> Path:
+    """Move the damaged store at ``path`` aside to ``<path>.damaged-<UTC time>``.
+
+    Returns the new path; the caller then starts an empty store at ``path``.
+    Raises StorageOpenError when the directory cannot be moved.
+    """
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.with_name(f"{path.name}.damaged-{stamp}")
+    for n in range(1, 1000):  # two quarantines within one second keep both copies
+        if not target.exists():
+            break
+        target = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+    try:
+        os.rename(path, target)
+    except OSError as exc:
+        msg = f"storage.path {path}: damaged and cannot be moved aside: {exc}"
+        raise StorageOpenError(msg) from exc
+    return target

@@ -1,8 +1,10 @@
-"""Shared test set-up: GPU tests skip where CUDA is missing; no test writes
-to the real per-user cache directory."""
+"""Shared test set-up: GPU tests skip where CUDA is missing; slow tests run
+only in the slow lane (``make test-slow``, i.e. ``HICACHE_SLOW=1``); no test
+writes to the real per-user cache directory."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,9 +22,12 @@ def _private_user_cache(
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs CUDA")
+    skips = {}
+    if not torch.cuda.is_available():
+        skips["gpu"] = pytest.mark.skip(reason="needs CUDA")
+    if os.environ.get("HICACHE_SLOW") != "1":
+        skips["slow"] = pytest.mark.skip(reason="slow lane: make test-slow")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)

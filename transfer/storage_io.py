@@ -126,30 +126,49 @@ class StorageIO:
             self._pending.discard(done.job_id)
         return out
 
-    def wait(self, job_id: int) -> StorageCompletion:
-        """Block until ``job_id`` finishes; it is then not returned by ``poll``."""
+    def wait(self, job_id: int, timeout_s: float | None = None) -> StorageCompletion | None:
+        """Block until ``job_id`` finishes (it is then not returned by ``poll``),
+        or ``timeout_s`` passed: None, and the job stays pending (a later
+        ``poll`` or ``wait`` returns it). ValueError for an unknown job."""
         if job_id in self._finished:
             self._pending.discard(job_id)
             return self._finished.pop(job_id)
         if job_id not in self._pending:
             raise ValueError(f"unknown or already collected storage job {job_id}")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            done = self._done.get()
+            try:
+                done = self._done.get(timeout=_left(deadline))
+            except queue.Empty:
+                return None
             if done.job_id == job_id:
                 self._pending.discard(job_id)
                 return done
             self._finished[done.job_id] = done
 
-    def close(self) -> None:
-        """Finish queued jobs, stop the workers and close the backend. Idempotent."""
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Finish queued jobs, stop the workers and close the backend. Idempotent.
+
+        With ``timeout_s``, gives up waiting for workers after that long and
+        then leaves the backend open (closing it under a call in flight could
+        crash; a store is crash-safe). Returns whether everything stopped.
+        """
         if self._closed:
-            return
+            return not any(w.is_alive() for w in self._workers)
         self._closed = True
         for _ in self._workers:
             self._jobs.put(None)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for worker in self._workers:
-            worker.join()
+            worker.join(_left(deadline))
+        stuck = sum(w.is_alive() for w in self._workers)
+        if stuck:
+            logger.warning(
+                "%d storage workers still busy after %.1f s; not waiting", stuck, timeout_s
+            )
+            return False
         self.backend.close()
+        return True
 
     def _work(self) -> None:
         while (item := self._jobs.get()) is not None:
@@ -199,3 +218,8 @@ class StorageIO:
         nbytes = sum(len(v) for v, ok in zip(sink.views, results, strict=True) if ok)
         padded = (*results, *(False,) * (len(job.keys) - pages))
         return StorageCompletion(job_id, job.kind, tuple(padded), None, nbytes, found, (), timed)
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until ``deadline`` (None: no deadline), never negative."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

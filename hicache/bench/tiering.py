@@ -156,7 +156,7 @@ def serve(cache: HiRadixCache, req: TraceRequest) -> Served:
     n_new = len(tokens) - prefix.numel()
     new = cache.alloc_device(n_new)
     if new is None:
-        raise RuntimeError("device pool too small for one request; raise device.num_tokens")
+        raise RuntimeError(f"no device room for a request: {cache.device_shortfall(n_new)}")
     cache.cache_finished_req(tokens, torch.cat([prefix, new[:n_new]]), last)
     cache.drain()
     reused = int(prefix.numel())

@@ -65,3 +65,24 @@ def test_parse_override() -> None:
 def test_float_fields_accept_ints() -> None:
     cfg = CacheConfig.from_mapping({"host": {"ratio": 3}})
     assert cfg.host.ratio == 3.0 and isinstance(cfg.host.ratio, float)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[host]\nratio = inf\n",
+        "[device]\nsize_gb = inf\n",
+        "[host]\nsize_gb = nan\n",
+        "[storage]\ntimeout_s = inf\n",
+        "[policy]\nprefetch_timeout_base_s = -inf\n",
+    ],
+)
+def test_non_finite_numbers_name_key_and_file(tmp_path: Path, text: str) -> None:
+    key = ".".join(part.strip("[] ") for part in text.split("=")[0].split("\n"))
+    with pytest.raises(ValueError, match=rf"c\.toml.*{key}: must be a finite number"):
+        CacheConfig.from_toml(_write(tmp_path, text))
+
+
+def test_non_finite_override_names_key() -> None:
+    with pytest.raises(ValueError, match=r"host\.ratio: must be a finite number"):
+        CacheConfig.from_mapping({}, {"host.ratio": float("inf")})

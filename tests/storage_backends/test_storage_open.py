@@ -60,12 +60,22 @@ def test_empty_path_is_the_user_cache_dir(
     assert config.store_dir() == Path.home() / ".cache" / "hicache" / "store" / ("ab" * 8)
 
 
-def test_lmdb_garbage_data_file(tmp_path: Path) -> None:
+def test_lmdb_garbage_data_file_is_quarantined(
+    tmp_path: Path, pages: Pages, make_backend: MakeBackend, caplog: pytest.LogCaptureFixture
+) -> None:
     store = tmp_path / "store"
     store.mkdir()
-    (store / "data.mdb").write_bytes(b"not an lmdb file" * 512)
-    with pytest.raises(StorageOpenError, match="LMDB"):
-        create("lmdb", StorageConfig(backend="lmdb", path=str(store)))
+    garbage = b"not an lmdb file" * 512
+    (store / "data.mdb").write_bytes(garbage)
+    with caplog.at_level(logging.ERROR):
+        backend = make_backend(StorageConfig(backend="lmdb", path=str(store)))
+    assert [r.levelno for r in caplog.records].count(logging.ERROR) == 1
+    assert "damaged" in caplog.text
+    (moved,) = tmp_path.glob("store.damaged-*")
+    assert (moved / "data.mdb").read_bytes() == garbage
+    stats = backend.stats()
+    assert (stats.entries, stats.quarantined) == (0, 1)
+    assert backend.put(pages.keys([0]), pages.payloads([0], 64)) == [True]
 
 
 @pytest.mark.parametrize("name", PERSISTENT)

@@ -1,0 +1,67 @@
+"""Checks at the cache's door that need the tree: a namespace's type, and a
+node that must lie on a request's path. They raise before anything changes
+(``ValueError``; ``CacheError`` for nodes and slots)."""
+
+from __future__ import annotations
+
+import torch
+
+from device_pool import PagedAllocator
+from hicache.errors import CacheError
+from hicache.radix_tree import Key, RadixTree, TreeNode
+
+
+def check_namespace(namespace: object) -> None:
+    """ValueError unless ``namespace`` is a str or None (it is hashed as text)."""
+    if namespace is not None and not isinstance(namespace, str):
+        raise ValueError(f"namespace must be a str or None, got {type(namespace).__name__}")
+
+
+def check_count(value: object, arg: str) -> int:
+    """ValueError naming ``arg`` unless ``value`` is an int >= 0 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{arg} must be an int >= 0, got {value!r}")
+    return value
+
+
+def check_request_id(request_id: object) -> None:
+    """ValueError unless ``request_id`` is a str (prefetches are kept by it)."""
+    if not isinstance(request_id, str):
+        raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
+
+
+def check_on_path(
+    tree: RadixTree, node: TreeNode, key: Key, namespace: str | None, arg: str
+) -> int:
+    """CacheError unless ``node`` lies on the path of ``key`` in ``namespace``
+    (the root always does); returns the tokens from the root to ``node``."""
+    nodes = list(tree.path_to_root(node))
+    depth = sum(len(n.key) for n in nodes)
+    end = depth
+    for n in nodes:
+        start = end - len(n.key)
+        if n.namespace != namespace or end > len(key) or key[start:end] != n.key:
+            raise CacheError(f"{arg} {node!r} is not on the path of these tokens")
+        end = start
+    return depth
+
+
+def check_request_slots(
+    allocator: PagedAllocator, slots: torch.Tensor, locked_depth: int, aligned: int
+) -> None:
+    """A request's slots past the prefix it locked are its own: request-held
+    whole pages (SlotError otherwise). Tree-owned slots there mean the
+    request was already cached (finished twice) or passed another's KV."""
+    if aligned > locked_depth:
+        allocator.check_request_held(slots[locked_depth:aligned])
+
+
+def check_tail_page(tail: torch.Tensor, page_size: int) -> None:
+    """The slots of a partial last page run from the start of one page, in
+    order (CacheError otherwise): only its first slot names the page freed."""
+    if not tail.numel():
+        return
+    first = int(tail[0])
+    expected = torch.arange(first, first + tail.numel(), dtype=torch.int64)
+    if first % page_size or not torch.equal(tail, expected):
+        raise CacheError("the partial last page's slots must run in order from a page start")

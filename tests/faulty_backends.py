@@ -1,0 +1,41 @@
+"""Storage backends that fail on purpose, shared by the storage and cache tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NoReturn
+
+from storage_backends import StorageStats
+
+
+class RaisingBackend:
+    """A backend whose every method raises (a bug, a dead disk, a damaged file);
+    ``calls`` counts the calls that reached it."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def _fail(self) -> NoReturn:
+        self.calls += 1
+        raise RuntimeError("backend exploded")
+
+    def exists(self, keys: Sequence[bytes]) -> int:
+        self._fail()
+
+    def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
+        self._fail()
+
+    def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
+        self._fail()
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        self._fail()
+
+    def take_removed(self) -> list[bytes]:
+        self._fail()
+
+    def stats(self) -> StorageStats:
+        self._fail()
+
+    def close(self) -> None:
+        self._fail()
