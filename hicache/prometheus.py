@@ -77,6 +77,9 @@ COUNTERS: tuple[Family, ...] = (
            "below_threshold (not started: too few pages in storage).", "outcome",
            {k: f"prefetch_{k}" for k in ("started", "complete", "partial", "failed",
                                           "below_threshold")}),
+    Family("storage_wait_timeouts", "Waits on storage work (drain, reset, close, "
+           "wait_prefetch) that gave up after storage.timeout_s; the job lands later.", "",
+           {"": "storage_wait_timeouts"}),
 )  # fmt: skip
 
 _STORAGE_HELP = "Latency of one storage backend call, by operation."

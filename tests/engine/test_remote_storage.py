@@ -17,6 +17,7 @@ import torch
 from hicache.bench.processes import ServerProcess, start_daemon
 from hicache.cache import HiRadixCache
 from hicache.engine import RequestOutput
+from storage_backends.guard import GuardedBackend
 from storage_backends.remote import RemoteBackend
 from tests.engine.helpers import assert_clean, assert_same, chat, engine, push_to_storage, reference
 from tests.engine.remote_worker import remote_config, user_turns
@@ -87,7 +88,9 @@ def test_engine_runs_on_misses_while_the_daemon_is_dead_then_reuses_after_restar
     assert_same(got, want)
     assert all(out.hits.storage == 0 for out in got[1:])  # nothing to fetch from a dead daemon
     assert eng.cache.stats().errors_h2s > 0  # puts failed, counted, not raised
-    backend = eng.cache.storage.backend if eng.cache.storage else None
+    guard = eng.cache.storage.backend if eng.cache.storage else None
+    assert isinstance(guard, GuardedBackend)
+    backend = guard.backend
     assert isinstance(backend, RemoteBackend)
     link = backend.link_stats()
     assert link.timeouts > 0 and backend.stats().put_failures > 0

@@ -10,6 +10,7 @@ import torch
 from hicache.cache import HiRadixCache
 from hicache.config import CacheConfig
 from storage_backends import StorageConfig, create
+from storage_backends.guard import GuardedBackend
 from storage_backends.memory import MemoryBackend
 from storage_backends.plugins import ENTRY_POINT_GROUP, entry_point_names
 
@@ -48,8 +49,10 @@ def test_the_cache_stores_pages_in_a_dotted_backend() -> None:
         cache.cache_finished_req(tokens, torch.cat([m.device_indices, slots]), m.last_device_node)
         cache.drain()
         cache.check_integrity()
-        assert isinstance(cache.storage.backend, PluginBackend)  # type: ignore[union-attr]
-        assert cache.storage.backend.stats().entries == 4  # type: ignore[union-attr]
+        guard = cache.storage.backend  # type: ignore[union-attr]
+        assert isinstance(guard, GuardedBackend)  # every backend is guarded
+        assert isinstance(guard.backend, PluginBackend)
+        assert guard.backend.stats().entries == 4
     finally:
         cache.close()
 
