@@ -37,7 +37,8 @@ def test_every_counter_is_exported_once_under_a_unit_named_family() -> None:
     fields = [f for fam in COUNTERS for f in fam.series.values()]
     assert sorted(fields) == sorted(f.name for f in dataclasses.fields(CacheStats))
     for fam in COUNTERS:
-        assert fam.name.endswith(("_tokens", "_bytes", "_errors", "_timeouts", "requests", "prefetches"))
+        units = ("_tokens", "_bytes", "_errors", "_timeouts", "requests", "prefetches")
+        assert fam.name.endswith(units)
 
 
 def test_endpoint_serves_labelled_counters_histograms_and_gauges() -> None:
