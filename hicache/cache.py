@@ -137,6 +137,9 @@ class HiRadixCache:
         if self.device_pool.page_size != ps:
             raise ValueError("device pool page_size differs from device.page_size")
         self.host_pool = host_pool or build_host_pool(config, self.device_pool)
+        if host_pool is None and self.host_pool is not None:
+            # Built here, so ours to unpin; released last (after the copy engine).
+            self._life.started(self.host_pool.close)
         self._pages = PageTable(self.device_pool.allocator.capacity, ps)
         self.fingerprint = model_fingerprint(config.model, ps)
         self.keys = NodeKeys(self.fingerprint, ps)
