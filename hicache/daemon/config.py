@@ -62,15 +62,15 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """The LMDB store (``path``, ``max_bytes``) and the memory LRU in front of it."""
+    """The LMDB store (``path``, ``max_bytes``) and the memory LRU in front of it.
+    An empty ``path`` is ``daemon-store`` in the per-user cache directory."""
 
-    path: str = ".hicache/daemon-store"
+    path: str = ""
     max_bytes: int = 8 << 30
     memory_bytes: int = 1 << 30
     sync: bool = True  # fsync each group commit (an acknowledged page survives an OS crash)
 
     def __post_init__(self) -> None:
-        _check(bool(self.path), "store.path", "must not be empty")
         _check(self.max_bytes >= 1, "store.max_bytes", "must be >= 1")
         _check(self.memory_bytes >= 0, "store.memory_bytes", "must be >= 0")
 

@@ -11,6 +11,7 @@ from hicache.daemon.config import StoreConfig
 from hicache.daemon.memory_lru import ByteLRU
 from hicache.daemon.protocol import Frame
 from storage_backends import StorageConfig
+from storage_backends.config import user_cache_dir
 from storage_backends.lmdb_backend import LmdbBackend
 from storage_backends.page_format import HEADER_BYTES, Verdict, check_header, validate
 
@@ -68,9 +69,14 @@ class DaemonStore:
 
     def __init__(self, config: StoreConfig, max_page_bytes: int) -> None:
         self._memory = ByteLRU(config.memory_bytes)
+        path = config.path
+        if not path:  # the per-user default, never the working directory
+            default = user_cache_dir() / "daemon-store"
+            default.parent.mkdir(parents=True, exist_ok=True)
+            path = str(default)
         storage = StorageConfig(
             backend="lmdb",
-            path=config.path,
+            path=path,
             max_bytes=config.max_bytes,
             max_page_bytes=max_page_bytes,
             sync=config.sync,
