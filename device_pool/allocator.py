@@ -58,7 +58,8 @@ class PagedAllocator:
             )
         self.page_size = page_size
         self.num_pages = num_tokens // page_size
-        self._offsets = np.arange(page_size, dtype=np.int64)
+        # slot_grid[p] = the slots of page p: one gather builds or checks pages.
+        self._slot_grid = np.arange(num_tokens, dtype=np.int64).reshape(-1, page_size)
         # numpy, not torch, for the bookkeeping: numpy's per-call overhead is
         # a fraction of torch's.
         self._state = np.zeros(self.num_pages, dtype=np.int8)
@@ -107,7 +108,7 @@ class PagedAllocator:
         self._request_pages += n
         if self.page_size == 1:
             return torch.from_numpy(pages)
-        return torch.from_numpy((pages[:, None] * self.page_size + self._offsets).reshape(-1))
+        return torch.from_numpy(self._slot_grid[pages].reshape(-1))
 
     def check_request_held(self, slots: torch.Tensor) -> None:
         """SlotError unless ``slots`` are whole request-held pages, each listed once."""
@@ -124,7 +125,8 @@ class PagedAllocator:
         the tree, ``to_free`` (duplicates of the tree's pages) are freed. Both
         must be request-held whole pages, no page listed twice across both;
         otherwise SlotError and nothing changes."""
-        pages = self._pages_in(torch.cat([to_tree, to_free]), REQUEST)
+        both = to_tree if not to_free.numel() else torch.cat([to_tree, to_free])
+        pages = self._pages_in(both, REQUEST)
         keep = to_tree.numel() // self.page_size
         self._state[pages[:keep]] = TREE
         self._release(pages[keep:])
@@ -137,8 +139,12 @@ class PagedAllocator:
         self._request_pages -= pages.size
 
     def free_tree(self, slots: torch.Tensor) -> None:
-        """Return pages the tree owned (eviction, a failed copy, reset)."""
-        self._release(self._pages_in(slots, TREE))
+        """Return pages the tree owned (eviction, a failed copy, reset).
+
+        The tree's slots were checked whole when they entered it (``to_tree``,
+        ``commit_request``), so this checks per page only, in O(pages): each
+        page aligned, in range, listed once and tree-owned."""
+        self._release(self._pages_in(slots, TREE, whole=False))
 
     def free(self, slots: torch.Tensor) -> None:
         """Return allocated pages, request-held or tree-owned (not free ones)."""
@@ -153,10 +159,11 @@ class PagedAllocator:
             self._free_pages[top : top + pages.size] = pages
             self._num_free = top + pages.size
 
-    def _pages_in(self, slots: torch.Tensor, state: int | None) -> np.ndarray:
-        """The pages of ``slots``, checked: whole, in range, distinct, and in
-        ``state`` (None: any allocated state)."""
-        pages = self.whole_pages(slots)
+    def _pages_in(self, slots: torch.Tensor, state: int | None, whole: bool = True) -> np.ndarray:
+        """The pages of ``slots``, checked: whole (or, without ``whole``, only
+        their first slots), in range, distinct, and in ``state`` (None: any
+        allocated state)."""
+        pages = self.whole_pages(slots, every_slot=whole)
         if not pages.size:
             return pages
         have = self._state[pages]
@@ -167,27 +174,31 @@ class PagedAllocator:
             raise SlotError(f"page {int(pages[np.argmax(bad)])} is {got}, expected {want}")
         return pages
 
-    def whole_pages(self, slots: torch.Tensor) -> np.ndarray:
+    def whole_pages(self, slots: torch.Tensor, every_slot: bool = True) -> np.ndarray:
         """Page numbers of ``slots``; SlotError unless they form whole pages (slots
-        of a page in order), in range, each page listed once. O(pages) vectorised."""
+        of a page in order), in range, each page listed once. Vectorised; with
+        ``every_slot=False`` only each page's first slot is checked (O(pages))."""
         if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
-            got = (
-                f"{slots.dtype} {tuple(slots.shape)}" if isinstance(slots, torch.Tensor) else slots
-            )
-            raise SlotError(f"slots must be a 1-D int64 tensor, got {got}")
+            got = f"{slots.dtype} {tuple(slots.shape)}" if isinstance(slots, torch.Tensor) else ""
+            raise SlotError(f"slots must be a 1-D int64 tensor, got {got or type(slots)}")
         flat = slots.numpy() if slots.device.type == "cpu" else slots.cpu().numpy()
         ps = self.page_size
         if flat.size % ps:
             raise SlotError(f"{flat.size} slots do not form whole pages of {ps}")
         if not flat.size:
             return flat.astype(np.int64)
-        grid = flat.reshape(-1, ps)
-        first = grid[:, 0]
-        if int(first.min()) < 0 or int(first.max()) >= self.capacity:
-            raise SlotError(f"slot index out of range [0, {self.capacity})")
-        if ps > 1 and ((first % ps).any() or (grid - first[:, None] != self._offsets).any()):
-            raise SlotError("slots are not whole pages in order")
+        first = flat[::ps]
         pages = first // ps if ps > 1 else first
+        # One reduction for both ends: a negative page is huge as unsigned.
+        if int(pages.view(np.uint64).max()) >= self.num_pages:
+            raise SlotError(f"slot index out of range [0, {self.capacity})")
+        if ps > 1:
+            if every_slot:
+                bad = (flat.reshape(-1, ps) != self._slot_grid[pages]).any()
+            else:
+                bad = (first % ps).any()
+            if bad:
+                raise SlotError("slots are not whole pages in order")
         self._check_distinct(pages)
         return pages
 

@@ -26,7 +26,7 @@ from hicache.host_tier import HostTier
 from hicache.integrity import check_tree
 from hicache.metrics import CacheStats
 from hicache.observer import Observer
-from hicache.paging import align_down, align_up, empty_slots, page_of
+from hicache.paging import PageTable, align_down, align_up, empty_slots
 from hicache.prefetch_policy import create_prefetch_policy
 from hicache.prometheus import Gauges
 from hicache.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
@@ -91,6 +91,7 @@ class HiRadixCache:
         if self.device_pool.page_size != ps:
             raise ValueError("device pool page_size differs from device.page_size")
         self.host_pool = host_pool or build_host_pool(config, self.device_pool)
+        self._pages = PageTable(self.device_pool.allocator.capacity, ps)
         self.fingerprint = model_fingerprint(config.model, ps)
         self.keys = NodeKeys(self.fingerprint, ps)
         self._write = create_write_policy(config.policy.write_policy)
@@ -204,11 +205,7 @@ class HiRadixCache:
         tail page, and drop the lock it held on ``last_node`` (from its match)."""
         key, aligned = self._door(tokens, device_slots)
         self.residency.check_node(last_node, locked=True)
-        tail = (
-            page_of(int(device_slots[aligned]), self.page_size)
-            if aligned < len(key)
-            else empty_slots()
-        )
+        tail = self._pages.of(int(device_slots[aligned])) if aligned < len(key) else empty_slots()
         result = self._insert(key, aligned, device_slots, namespace, tail, True, priority)
         self.residency.unlock(last_node)
         return result

@@ -75,6 +75,14 @@ def _opt(t: torch.Tensor | None) -> list[torch.Tensor]:
     return [] if t is None else [t]
 
 
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat`` that skips the copy for zero or one non-empty part."""
+    parts = [p for p in parts if p.numel()]
+    if len(parts) > 1:
+        return torch.cat(parts)
+    return parts[0] if parts else empty_slots()
+
+
 class ResidencyTree:
     """The tree and device residency (see the module docstring)."""
 
@@ -210,8 +218,7 @@ class ResidencyTree:
         to_tree, to_free = list(plan.to_tree), [*plan.to_free, free_after]
         if stop < len(path) and finished:
             to_free.append(self._own_past(path[stop:], tail))
-        keep = torch.cat([*to_tree, *_opt(new)]) if to_tree or new is not None else empty_slots()
-        self.allocator.commit_request(keep, torch.cat(to_free))
+        self.allocator.commit_request(_cat([*to_tree, *_opt(new)]), _cat(to_free))
         # Checked and committed: from here on nothing raises.
         prefix_len = sum(len(n.key) for n in path)
         last = self._apply_insert(path[:stop], plan, priority)
@@ -235,7 +242,7 @@ class ResidencyTree:
             if node.device is None:
                 revive.append((node, seg))
                 to_tree.append(seg)
-            else:
+            elif not torch.equal(node.device, seg):  # the usual case: the match's own slots
                 to_free.append(seg[node.device != seg])
         return _InsertPlan(pos, to_tree, revive, to_free)
 

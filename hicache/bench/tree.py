@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from array import array
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tqdm import tqdm
 from hicache.bench.workloads import MultiTurnSpec, TraceRequest, multiturn
 from hicache.cache import HiRadixCache
 from hicache.config import CacheConfig, HostConfig, ModelConfig
+from hicache.radix_tree import Key, Tokens
 from storage_backends import StorageConfig
 
 
@@ -37,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--json", type=Path, default=None, help="write the result here")
+    parser.add_argument(
+        "--convert-whole",
+        action="store_true",
+        help="convert every request's whole token list (default: only the tokens added "
+        "since the conversation's previous turn, as an engine keeps a request's ids)",
+    )
 
 
 def bench_config(config: CacheConfig, page_size: int | None) -> CacheConfig:
@@ -52,25 +60,50 @@ def bench_config(config: CacheConfig, page_size: int | None) -> CacheConfig:
     )
 
 
-def replay(cache: HiRadixCache, trace: list[TraceRequest]) -> TreeBenchResult:
-    """Drive the cache as an engine would; KV contents are not touched."""
+def added_since_last_turn(trace: list[TraceRequest]) -> list[int]:
+    """Per request, how many leading tokens its conversation's previous turn
+    already had (0 for a first turn, or when that turn is not a prefix)."""
+    last: dict[int, list[int]] = {}
+    out = []
+    for req in trace:
+        prev = last.get(req.conversation)
+        known = len(prev) if prev is not None and req.tokens[: len(prev)] == prev else 0
+        out.append(known)
+        last[req.conversation] = req.tokens
+    return out
+
+
+def replay(
+    cache: HiRadixCache, trace: list[TraceRequest], incremental: bool = True
+) -> TreeBenchResult:
+    """Drive the cache as an engine would; KV contents are not touched.
+
+    With ``incremental``, a conversation's token ids are converted once, as an
+    engine keeps a request's ids: each turn converts only the tokens added
+    since the previous turn and extends that turn's key (the cache checks it
+    vectorised). Without, every request's whole list is converted."""
+    known = added_since_last_turn(trace) if incremental else [0] * len(trace)
+    keys: dict[int, Key] = {}
     ops = hit = total = 0
     start = time.perf_counter()
-    for req in tqdm(trace, desc="tree", unit="req", leave=False):
-        m = cache.match_prefix(req.tokens)
+    for req, old in tqdm(zip(trace, known, strict=True), desc="tree", unit="req", leave=False):
+        tokens: Tokens | Key = req.tokens
+        if old:
+            tokens = keys[req.conversation] + array("i", req.tokens[old:])
+        m = cache.match_prefix(tokens)
+        assert m.key is not None  # the checked, converted key: no second conversion
+        keys[req.conversation] = m.key
         cache.inc_lock_ref(m.last_device_node)
-        new = cache.alloc_device(len(req.tokens) - m.device_hit_length)
+        new = cache.alloc_device(len(m.key) - m.device_hit_length)
         if new is None:
             cache.dec_lock_ref(m.last_device_node)
             ops += 3
             continue
-        slots = torch.cat([m.device_indices, new[: len(req.tokens) - m.device_hit_length]])
-        # The match carries the request's checked, converted key: no second conversion.
-        assert m.key is not None
+        slots = torch.cat([m.device_indices, new[: len(m.key) - m.device_hit_length]])
         cache.cache_finished_req(m.key, slots, m.last_device_node)
         ops += 4
         hit += m.device_hit_length
-        total += len(req.tokens)
+        total += len(m.key)
     seconds = time.perf_counter() - start
     ps = cache.page_size
     return TreeBenchResult(ps, ops, seconds, seconds * 1e6 / max(ops, 1), hit, total, len(trace))
@@ -81,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     spec = MultiTurnSpec(conversations=args.conversations, turns=args.turns)
     trace = list(multiturn(spec))
     cache = HiRadixCache(config)
-    result = replay(cache, trace)
+    result = replay(cache, trace, incremental=not args.convert_whole)
     cache.check_integrity()
     print(
         f"page_size={result.page_size} requests={result.requests} ops={result.ops} "
