@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 import torch
 
 from device_pool import DeviceKVPool
 from hicache.config import CacheConfig
 from hicache.errors import CacheError
+from hicache.events import EventSink
 from hicache.eviction import create_eviction_policy
 from hicache.factory import build_device_pool, build_host_pool, build_transfer
 from hicache.hashing import NodeKeys, model_fingerprint, page_keys
 from hicache.host_tier import HostTier
 from hicache.integrity import check_tree
-from hicache.metrics import CacheStats
+from hicache.metrics import CacheMetrics, CacheStats
 from hicache.observer import Observer
 from hicache.paging import PageTable, align_down, align_up, empty_slots
 from hicache.prefetch_policy import create_prefetch_policy
@@ -135,11 +137,11 @@ class HiRadixCache:
         return None if self.store is None else self.store.io
 
     @property
-    def metrics(self):
+    def metrics(self) -> CacheMetrics:
         return self.observer.metrics
 
     @property
-    def events(self):
+    def events(self) -> EventSink | None:
         return self.observer.events
 
     # match and insert ---------------------------------------------------------
@@ -575,7 +577,7 @@ class HiRadixCache:
             self._route(self.store.drain())
         self.poll()
 
-    def _route(self, records: list[Record]) -> PollResult:
+    def _route(self, records: Sequence[Record]) -> PollResult:
         """Apply each part's records to the parts they concern."""
         backups = loads = failures = 0
         for rec in records:

@@ -254,7 +254,7 @@ class CacheConfig:
 def _build(cls: type[_T], table: Mapping[str, object], prefix: str) -> _T:
     """Construct dataclass ``cls`` from ``table``, checking names and types."""
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(table) - names)
     if unknown:
         raise ValueError(f"unknown key {prefix}{unknown[0]!r}; known: {sorted(names)}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from device_pool import DeviceKVPool, tokens_for_bytes
@@ -45,7 +47,9 @@ def build_transfer(
         backend = "cuda" if device_pool.device.type == "cuda" else "cpu"
     if backend == "cuda" and not torch.cuda.is_available():
         raise ValueError("transfer.backend = 'cuda' but CUDA is not available")
-    io_backend = "kernel" if config.transfer.io_backend == "kernel" else "direct"
+    io_backend: Literal["direct", "kernel"] = (
+        "kernel" if config.transfer.io_backend == "kernel" else "direct"
+    )
     return create_transfer_engine(
         device_pool,
         host_pool,

@@ -123,7 +123,7 @@ class HostTier:
     def drop_subtree(self, node: TreeNode) -> list[Dropped]:
         """Drop the host-only subtree at ``node``, leaves first; pinned nodes
         (and so their ancestors) stay."""
-        order, gone = [node], set()
+        order, gone = [node], set[TreeNode]()
         for n in order:
             order.extend(n.children.values())
         return [self._drop_host(n, gone) for n in reversed(order) if self._host_leaf(n, gone)]

@@ -77,7 +77,7 @@ def _read_exact(file: BinaryIO, buf: memoryview) -> int:
     """Fill ``buf`` from ``file``; return the bytes read (fewer only at end of file)."""
     total = 0
     while total < len(buf):
-        n = file.readinto(buf[total:])
+        n = file.readinto(buf[total:])  # type: ignore[attr-defined]  # a buffered file
         if not n:
             break
         total += n

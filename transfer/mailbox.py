@@ -45,12 +45,12 @@ class CompletionMailbox:
                     return pile.pop(i)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            c = self._get(deadline)
-            if c is None:
+            got = self._get(deadline)
+            if got is None:
                 raise TransferError(f"timed out waiting for op {op_id}")
-            if c.op_id == op_id:
-                return c
-            self._route(c)
+            if got.op_id == op_id:
+                return got
+            self._route(got)
 
     def release(self, n: int | None, timeout: float | None) -> int:
         """Let up to ``n`` held completions (all, if None) through to ``poll``.

@@ -23,7 +23,7 @@ class Rows(NamedTuple):
     """``array[index]`` selects the plan's blocks, one byte row each."""
 
     array: np.ndarray
-    index: tuple[np.ndarray, ...]
+    index: tuple[np.ndarray, ...]  # type: ignore[assignment]  # shadows tuple.index
 
 
 def as_bytes(t: torch.Tensor) -> np.ndarray:
