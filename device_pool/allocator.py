@@ -141,9 +141,9 @@ class PagedAllocator:
     def free_tree(self, slots: torch.Tensor) -> None:
         """Return pages the tree owned (eviction, a failed copy, reset).
 
-        The tree's slots were checked whole when they entered it (``to_tree``,
-        ``commit_request``), so this checks per page only, in O(pages): each
-        page aligned, in range, listed once and tree-owned."""
+        The tree's slots were checked whole and distinct when they entered it
+        (``to_tree``, ``commit_request``), so this checks per page only, in
+        O(pages): in range and tree-owned (a double free fails here)."""
         self._release(self._pages_in(slots, TREE, whole=False))
 
     def free(self, slots: torch.Tensor) -> None:
@@ -177,7 +177,8 @@ class PagedAllocator:
     def whole_pages(self, slots: torch.Tensor, every_slot: bool = True) -> np.ndarray:
         """Page numbers of ``slots``; SlotError unless they form whole pages (slots
         of a page in order), in range, each page listed once. Vectorised; with
-        ``every_slot=False`` only each page's first slot is checked (O(pages))."""
+        ``every_slot=False`` only each page's first slot is range-checked
+        (O(pages); for slots that were checked whole when handed in)."""
         if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
             got = f"{slots.dtype} {tuple(slots.shape)}" if isinstance(slots, torch.Tensor) else ""
             raise SlotError(f"slots must be a 1-D int64 tensor, got {got or type(slots)}")
@@ -192,13 +193,10 @@ class PagedAllocator:
         # One reduction for both ends: a negative page is huge as unsigned.
         if int(pages.view(np.uint64).max()) >= self.num_pages:
             raise SlotError(f"slot index out of range [0, {self.capacity})")
-        if ps > 1:
-            if every_slot:
-                bad = (flat.reshape(-1, ps) != self._slot_grid[pages]).any()
-            else:
-                bad = (first % ps).any()
-            if bad:
-                raise SlotError("slots are not whole pages in order")
+        if not every_slot:
+            return pages
+        if ps > 1 and (flat.reshape(-1, ps) != self._slot_grid[pages]).any():
+            raise SlotError("slots are not whole pages in order")
         self._check_distinct(pages)
         return pages
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from hicache.policy_registry import create_policy
+
 if TYPE_CHECKING:
     from hicache.radix_tree import TreeNode
 
@@ -61,7 +63,4 @@ EVICTION_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
 
 def create_eviction_policy(name: str) -> EvictionPolicy:
     """The policy named ``name``; ValueError naming the known ones otherwise."""
-    factory = EVICTION_POLICIES.get(name)
-    if factory is None:
-        raise ValueError(f"unknown eviction policy {name!r}; known: {sorted(EVICTION_POLICIES)}")
-    return factory()
+    return create_policy(EVICTION_POLICIES, name, "eviction")

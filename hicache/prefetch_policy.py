@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from hicache.policy_registry import create_policy
+
 
 class PrefetchPolicy(Protocol):
     """Decides readiness; pure (mutates nothing)."""
@@ -49,7 +51,4 @@ PREFETCH_POLICIES: dict[str, Callable[[], PrefetchPolicy]] = {
 
 def create_prefetch_policy(name: str) -> PrefetchPolicy:
     """The policy named ``name``; ValueError naming the known ones otherwise."""
-    factory = PREFETCH_POLICIES.get(name)
-    if factory is None:
-        raise ValueError(f"unknown prefetch policy {name!r}; known: {sorted(PREFETCH_POLICIES)}")
-    return factory()
+    return create_policy(PREFETCH_POLICIES, name, "prefetch")

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from hicache.policy_registry import create_policy
+
 
 class WritePolicy(Protocol):
     """When a device node gets a host copy. Pure: decides, mutates nothing."""
@@ -57,7 +59,4 @@ WRITE_POLICIES: dict[str, Callable[[], WritePolicy]] = {
 
 def create_write_policy(name: str) -> WritePolicy:
     """The policy named ``name``; ValueError naming the known ones otherwise."""
-    factory = WRITE_POLICIES.get(name)
-    if factory is None:
-        raise ValueError(f"unknown write policy {name!r}; known: {sorted(WRITE_POLICIES)}")
-    return factory()
+    return create_policy(WRITE_POLICIES, name, "write")
