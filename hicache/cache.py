@@ -274,8 +274,8 @@ class HiRadixCache:
         The slots past ``last_node`` must be the request's own (SlotError: a
         request finished twice, or another's KV)."""
         door = self._door(tokens, device_slots, namespace, last_node)
-        aligned = door.aligned
-        tail = self._pages.of(int(device_slots[aligned])) if aligned < len(door.key) else empty_slots()
+        partial = door.aligned < len(door.key)
+        tail = self._pages.of(int(device_slots[door.aligned])) if partial else empty_slots()
         result = self._insert(door, device_slots, namespace, tail, True, priority)
         self.residency.unlock(last_node)
         return result
