@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from device_pool import DeviceKVPool
@@ -98,6 +99,7 @@ class _Door(NamedTuple):
     key: Key
     aligned: int
     own_from: int | None
+    slots: np.ndarray  # the device slots' numpy view: cheaper slicing than torch
 
 
 class HiRadixCache:
@@ -258,7 +260,7 @@ class HiRadixCache:
         duplicates are freed; new pages pass to the tree. Slots past
         ``result.inserted_len`` stay the caller's."""
         door = self._door(tokens, device_slots, namespace)
-        return self._insert(door, device_slots, namespace, empty_slots(), False, priority)
+        return self._insert(door, namespace, empty_slots(), False, priority)
 
     def cache_finished_req(
         self,
@@ -275,8 +277,8 @@ class HiRadixCache:
         request finished twice, or another's KV)."""
         door = self._door(tokens, device_slots, namespace, last_node)
         partial = door.aligned < len(door.key)
-        tail = self._pages.of(int(device_slots[door.aligned])) if partial else empty_slots()
-        result = self._insert(door, device_slots, namespace, tail, True, priority)
+        tail = self._pages.of(int(door.slots[door.aligned])) if partial else empty_slots()
+        result = self._insert(door, namespace, tail, True, priority)
         self.residency.unlock(last_node)
         return result
 
@@ -294,7 +296,7 @@ class HiRadixCache:
         ``result.device_indices`` for the first positions from now on; the
         slots after them stay the request's."""
         door = self._door(tokens, device_slots, namespace, last_node)
-        result = self._insert(door, device_slots, namespace, empty_slots(), False, priority)
+        result = self._insert(door, namespace, empty_slots(), False, priority)
         self.residency.lock(result.last_node)
         self.residency.unlock(last_node)
         indices = self.residency.prefix_slots(result.last_node)
@@ -318,24 +320,24 @@ class HiRadixCache:
         if slots.numel() != len(key):
             raise ValueError(f"{len(key)} tokens but {slots.numel()} device slots")
         aligned = align_down(len(key), self.page_size)
+        arr = slots.numpy() if slots.is_cpu else slots.cpu().numpy()
         if aligned < len(key):
-            check_tail_page(slots[aligned:], self.page_size)
+            check_tail_page(arr[aligned:], self.page_size)
         depth = None
         if last_node is not None:
             self.residency.check_node(last_node, locked=True)
             depth = check_on_path(self.tree, last_node, key, namespace, "last_node")
-        return _Door(key, aligned, depth)
+        return _Door(key, aligned, depth, arr)
 
     def _insert(
         self,
         door: _Door,
-        slots: torch.Tensor,
         ns: str | None,
         tail: torch.Tensor,
         finished: bool,
         priority: int,
     ) -> InsertResult:
-        key, aligned = door.key, door.aligned
+        key, aligned, slots = door.key, door.aligned, door.slots
         if aligned < len(key):
             key, slots = key[:aligned], slots[:aligned]
         out = self.residency.insert(key, slots, ns, tail, finished, priority, door.own_from)

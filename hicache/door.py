@@ -5,7 +5,6 @@ node that must lie on a request's path. They raise before anything changes
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from hicache.errors import CacheError
 from hicache.radix_tree import Key, RadixTree, TreeNode
@@ -46,14 +45,12 @@ def check_on_path(
     return depth
 
 
-def check_tail_page(tail: torch.Tensor, page_size: int) -> None:
-    """The slots of a partial last page (1-D int64) run from the start of one
-    page, in order (CacheError otherwise): only its first slot names the page
-    freed."""
-    if not tail.numel():
+def check_tail_page(arr: np.ndarray, page_size: int) -> None:
+    """The slots of a partial last page (1-D int64; numpy: a fraction of
+    torch's per-call cost) run from the start of one page, in order
+    (CacheError otherwise): only its first slot names the page freed."""
+    if not arr.size:
         return
-    # numpy: a fraction of torch's per-call cost on a few slots (hot path).
-    arr = tail.numpy() if tail.is_cpu else tail.cpu().numpy()
     first = int(arr[0])
     expected = np.arange(first, first + arr.size, dtype=np.int64)
     if first % page_size or arr.tobytes() != expected.tobytes():

@@ -73,9 +73,12 @@ class _InsertPlan(NamedTuple):
     to_free: list[np.ndarray]  # request slots duplicating the tree's
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    """A CPU int64 slot tensor's numpy view (a copy from another device):
-    numpy's per-call cost is a fraction of torch's on these small arrays."""
+def _np(t: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A CPU int64 slot tensor's numpy view (a copy from another device; an
+    array as is): numpy's per-call cost is a fraction of torch's on these
+    small arrays."""
+    if isinstance(t, np.ndarray):
+        return t
     return t.numpy() if t.is_cpu else t.cpu().numpy()
 
 
@@ -206,9 +209,9 @@ class ResidencyTree:
     def insert(
         self,
         key: Key,
-        slots: torch.Tensor,
+        slots: torch.Tensor | np.ndarray,
         namespace: str | None,
-        free_after: torch.Tensor,
+        free_after: torch.Tensor | np.ndarray,
         finished: bool = False,
         priority: int = 0,
         own_from: int | None = None,
