@@ -16,7 +16,9 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from device_pool import DeviceKVPool
@@ -26,7 +28,6 @@ from hicache.door import (
     check_namespace,
     check_on_path,
     check_request_id,
-    check_request_slots,
     check_tail_page,
 )
 from hicache.errors import CacheError
@@ -88,6 +89,17 @@ Record = (
     | StorageRemoved
     | WaitTimedOut
 )
+
+
+class _Door(NamedTuple):
+    """An insert's checked arguments: the key, its whole-page length, and
+    where the slots must become the request's own (past a locked
+    ``last_node``; None when no node was locked)."""
+
+    key: Key
+    aligned: int
+    own_from: int | None
+    slots: np.ndarray  # the device slots' numpy view: cheaper slicing than torch
 
 
 class HiRadixCache:
@@ -247,8 +259,8 @@ class HiRadixCache:
         the tree already holds keep the tree's slots and the request's
         duplicates are freed; new pages pass to the tree. Slots past
         ``result.inserted_len`` stay the caller's."""
-        key, aligned = self._door(tokens, device_slots, namespace)
-        return self._insert(key, aligned, device_slots, namespace, empty_slots(), False, priority)
+        door = self._door(tokens, device_slots, namespace)
+        return self._insert(door, namespace, empty_slots(), False, priority)
 
     def cache_finished_req(
         self,
@@ -263,9 +275,10 @@ class HiRadixCache:
         tail page, and drop the lock it held on ``last_node`` (from its match).
         The slots past ``last_node`` must be the request's own (SlotError: a
         request finished twice, or another's KV)."""
-        key, aligned = self._door(tokens, device_slots, namespace, last_node)
-        tail = self._pages.of(int(device_slots[aligned])) if aligned < len(key) else empty_slots()
-        result = self._insert(key, aligned, device_slots, namespace, tail, True, priority)
+        door = self._door(tokens, device_slots, namespace, last_node)
+        partial = door.aligned < len(door.key)
+        tail = self._pages.of(int(door.slots[door.aligned])) if partial else empty_slots()
+        result = self._insert(door, namespace, tail, True, priority)
         self.residency.unlock(last_node)
         return result
 
@@ -282,8 +295,8 @@ class HiRadixCache:
         lock from ``last_node`` to the new last node. Use
         ``result.device_indices`` for the first positions from now on; the
         slots after them stay the request's."""
-        key, aligned = self._door(tokens, device_slots, namespace, last_node)
-        result = self._insert(key, aligned, device_slots, namespace, empty_slots(), False, priority)
+        door = self._door(tokens, device_slots, namespace, last_node)
+        result = self._insert(door, namespace, empty_slots(), False, priority)
         self.residency.lock(result.last_node)
         self.residency.unlock(last_node)
         indices = self.residency.prefix_slots(result.last_node)
@@ -295,10 +308,11 @@ class HiRadixCache:
         slots: torch.Tensor,
         namespace: str | None,
         last_node: TreeNode | None = None,
-    ) -> tuple[Key, int]:
+    ) -> _Door:
         """Every check of an insert's arguments that needs no walk; a locked
-        ``last_node`` must lie on the tokens' path, the slots past it be the
-        request's own."""
+        ``last_node`` must lie on the tokens' path. That the slots past it are
+        the request's own is checked by the insert's one allocator check
+        (``own_from``), before anything but a content-neutral split changes."""
         check_namespace(namespace)
         key = as_token_list(tokens)
         if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
@@ -306,26 +320,27 @@ class HiRadixCache:
         if slots.numel() != len(key):
             raise ValueError(f"{len(key)} tokens but {slots.numel()} device slots")
         aligned = align_down(len(key), self.page_size)
-        check_tail_page(slots[aligned:], self.page_size)
+        arr = slots.numpy() if slots.is_cpu else slots.cpu().numpy()
+        if aligned < len(key):
+            check_tail_page(arr[aligned:], self.page_size)
+        depth = None
         if last_node is not None:
             self.residency.check_node(last_node, locked=True)
             depth = check_on_path(self.tree, last_node, key, namespace, "last_node")
-            check_request_slots(self.device_pool.allocator, slots, depth, aligned)
-        return key, aligned
+        return _Door(key, aligned, depth, arr)
 
     def _insert(
         self,
-        key: Key,
-        aligned: int,
-        slots: torch.Tensor,
+        door: _Door,
         ns: str | None,
         tail: torch.Tensor,
         finished: bool,
         priority: int,
     ) -> InsertResult:
+        key, aligned, slots = door.key, door.aligned, door.slots
         if aligned < len(key):
             key, slots = key[:aligned], slots[:aligned]
-        out = self.residency.insert(key, slots, ns, tail, finished, priority)
+        out = self.residency.insert(key, slots, ns, tail, finished, priority, door.own_from)
         for node in out.new_device:
             self.observer.stored(node, "device")
         if out.added is not None:

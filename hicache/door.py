@@ -4,9 +4,8 @@ node that must lie on a request's path. They raise before anything changes
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
-from device_pool import PagedAllocator
 from hicache.errors import CacheError
 from hicache.radix_tree import Key, RadixTree, TreeNode
 
@@ -46,22 +45,13 @@ def check_on_path(
     return depth
 
 
-def check_request_slots(
-    allocator: PagedAllocator, slots: torch.Tensor, locked_depth: int, aligned: int
-) -> None:
-    """A request's slots past the prefix it locked are its own: request-held
-    whole pages (SlotError otherwise). Tree-owned slots there mean the
-    request was already cached (finished twice) or passed another's KV."""
-    if aligned > locked_depth:
-        allocator.check_request_held(slots[locked_depth:aligned])
-
-
-def check_tail_page(tail: torch.Tensor, page_size: int) -> None:
-    """The slots of a partial last page run from the start of one page, in
-    order (CacheError otherwise): only its first slot names the page freed."""
-    if not tail.numel():
+def check_tail_page(arr: np.ndarray, page_size: int) -> None:
+    """The slots of a partial last page (1-D int64; numpy: a fraction of
+    torch's per-call cost) run from the start of one page, in order
+    (CacheError otherwise): only its first slot names the page freed."""
+    if not arr.size:
         return
-    first = int(tail[0])
-    expected = torch.arange(first, first + tail.numel(), dtype=torch.int64)
-    if first % page_size or not torch.equal(tail, expected):
+    first = int(arr[0])
+    expected = np.arange(first, first + arr.size, dtype=np.int64)
+    if first % page_size or arr.tobytes() != expected.tobytes():
         raise CacheError("the partial last page's slots must run in order from a page start")

@@ -73,9 +73,12 @@ class _InsertPlan(NamedTuple):
     to_free: list[np.ndarray]  # request slots duplicating the tree's
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    """A CPU int64 slot tensor's numpy view (a copy from another device):
-    numpy's per-call cost is a fraction of torch's on these small arrays."""
+def _np(t: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A CPU int64 slot tensor's numpy view (a copy from another device; an
+    array as is): numpy's per-call cost is a fraction of torch's on these
+    small arrays."""
+    if isinstance(t, np.ndarray):
+        return t
     return t.numpy() if t.is_cpu else t.cpu().numpy()
 
 
@@ -206,25 +209,31 @@ class ResidencyTree:
     def insert(
         self,
         key: Key,
-        slots: torch.Tensor,
+        slots: torch.Tensor | np.ndarray,
         namespace: str | None,
-        free_after: torch.Tensor,
+        free_after: torch.Tensor | np.ndarray,
         finished: bool = False,
         priority: int = 0,
+        own_from: int | None = None,
     ) -> InsertOutcome:
         """Cache ``key`` (whole pages) whose KV is at ``slots``, then free
         ``free_after`` (request slots past the insert, e.g. a partial page).
 
-        Before anything changes, every slot that is not the tree's own copy at
-        its position must be a request-held whole page listed once (SlotError
-        otherwise). Duplicates of what the tree holds are freed; the rest pass
-        to the tree. The insert stops at a failed load (see ``InsertResult``)."""
+        Before anything changes (but the walk's content-neutral split), every
+        slot that is not the tree's own copy at its position must be a
+        request-held whole page listed once (SlotError otherwise); so must
+        every slot from ``own_from`` on (a request's own, past the prefix it
+        locked: a tree slot there means it was inserted already). Duplicates
+        of what the tree holds are freed; the rest pass to the tree. The
+        insert stops at a failed load (see ``InsertResult``)."""
         path = self.walk(key, namespace)
         stop = len(path)
+        arr = _np(slots)
         if self._bad:  # rare: a failed load on the path stops the insert there
             stop = next((i for i, n in enumerate(path) if n in self._bad), stop)
-        arr = _np(slots)
-        plan = self._plan(path[:stop], arr)
+            if stop < len(path) and own_from is not None:  # slots past stop: checked here
+                self.allocator.check_request_held(arr[own_from:])
+        plan = self._plan(path[:stop], arr, len(key) if own_from is None else own_from)
         tail = arr[plan.pos :]
         new = tail if stop == len(path) and plan.pos < len(key) else None
         to_tree, to_free = list(plan.to_tree), [*plan.to_free, _np(free_after)]
@@ -248,15 +257,19 @@ class ResidencyTree:
         result = InsertResult(prefix_len, added, len(key))
         return InsertOutcome(result, [*[n for n, _ in plan.revive], added], added)
 
-    def _plan(self, path: list[TreeNode], slots: np.ndarray) -> _InsertPlan:
+    def _plan(self, path: list[TreeNode], slots: np.ndarray, own_from: int) -> _InsertPlan:
+        """Slots past ``own_from`` all go to the commit's checks: a request's
+        own slots never equal the tree's, so a tree slot there is refused."""
         pos, to_tree, revive, to_free = 0, [], [], []
         for node in path:
             seg = slots[pos : pos + len(node.key)]
-            pos += len(node.key)
+            start, pos = pos, pos + len(node.key)
             have = node.dev
             if have is None:
                 revive.append((node, seg))
                 to_tree.append(seg)
+            elif start >= own_from:
+                to_free.append(seg)
             elif have.tobytes() != seg.tobytes():  # the usual case: the match's own slots
                 to_free.append(seg[have != seg])
         return _InsertPlan(pos, to_tree, revive, to_free)

@@ -186,3 +186,29 @@ def test_failed_allocation_says_what_holds_the_pool(cache: HiRadixCache) -> None
     cache.free_device(held)
     cache.dec_lock_ref(m.last_device_node)
     cache.check_integrity()
+
+
+@pytest.mark.parametrize("finished", [True, False])
+@pytest.mark.parametrize("extra", [0, 1])  # a partial last page or none
+def test_tree_slots_past_the_locked_node_are_refused(
+    cache: HiRadixCache, finished: bool, extra: int
+) -> None:
+    """A request that matched before another inserted the same tokens must
+    not pass that request's (now tree-owned) slots as its own past the node it
+    locked: refused before anything changes, its own slots still its own."""
+    tokens = seq(4, 3 * PS + extra)
+    m = cache.match_prefix(tokens)  # nothing cached yet: the root is locked
+    cache.inc_lock_ref(m.last_device_node)
+    mine = cache.alloc_device(len(tokens))
+    assert mine is not None
+    serve(cache, tokens)  # another request inserts the same tokens
+    tree = cache.match_prefix(tokens).device_indices
+    slots = torch.cat([tree, mine[len(tree) : len(tokens)]])
+    call = cache.cache_finished_req if finished else cache.cache_unfinished_req
+    _refused(cache, call, tokens, slots, m.last_device_node)
+    cache.cache_finished_req(tokens, mine[: len(tokens)], m.last_device_node)  # its own: fine
+    if extra == 0:
+        cache.free_device(mine[len(tokens) :])
+    cache.drain()  # backups in flight hold locks until their acks
+    cache.check_integrity()
+    assert cache.protected_size() == 0 and cache.request_held_size() == 0
