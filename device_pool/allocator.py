@@ -63,6 +63,7 @@ class PagedAllocator:
         self.num_pages = num_tokens // page_size
         # slot_grid[p] = the slots of page p: one gather builds or checks pages.
         self._slot_grid = np.arange(num_tokens, dtype=np.int64).reshape(-1, page_size)
+        self._slot_grid.flags.writeable = False  # ``page_slots`` hands out views of it
         # numpy, not torch, for the bookkeeping: numpy's per-call overhead is
         # a fraction of torch's.
         self._state = np.zeros(self.num_pages, dtype=np.int8)
@@ -111,7 +112,16 @@ class PagedAllocator:
         self._request_pages += n
         if self.page_size == 1:
             return torch.from_numpy(pages.copy())
-        return torch.from_numpy(self._slot_grid[pages].reshape(-1))
+        # take(axis=0) gathers whole rows at about half the cost of fancy indexing
+        return torch.from_numpy(self._slot_grid.take(pages, axis=0).reshape(-1))
+
+    def page_slots(self, slot: int) -> np.ndarray:
+        """The slots of the page that holds ``slot``: a read-only view (numpy:
+        a fraction of a tensor's per-call cost); SlotError outside the pool."""
+        page = slot // self.page_size
+        if not 0 <= page < self.num_pages:
+            raise SlotError(f"slot {slot} is outside the pool [0, {self.capacity})")
+        return self._slot_grid[page]
 
     def check_request_held(self, slots: Slots) -> None:
         """SlotError unless ``slots`` are whole request-held pages, each listed once."""
@@ -202,7 +212,7 @@ class PagedAllocator:
             pages = flat[::ps] // ps
             if every_slot:  # one gather checks range and layout; diagnosed on failure
                 try:
-                    rows = self._slot_grid[pages]
+                    rows = self._slot_grid.take(pages, axis=0)
                 except IndexError:
                     rows = None
                 if rows is None or flat.tobytes() != rows.tobytes():

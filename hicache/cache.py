@@ -40,7 +40,7 @@ from hicache.integrity import check_tree
 from hicache.lifecycle import Lifecycle
 from hicache.metrics import CacheMetrics, CacheStats
 from hicache.observer import Observer
-from hicache.paging import PageTable, align_down, align_up, empty_slots
+from hicache.paging import align_down, align_up, empty_slots
 from hicache.prefetch_policy import create_prefetch_policy
 from hicache.prometheus import Gauges
 from hicache.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
@@ -55,7 +55,7 @@ from hicache.records import (
     StorageRemoved,
     WaitTimedOut,
 )
-from hicache.residency import ResidencyTree
+from hicache.residency import NO_SLOTS, ResidencyTree
 from hicache.results import (
     AdmitResult,
     DeviceShortfall,
@@ -152,7 +152,6 @@ class HiRadixCache:
         if host_pool is None and self.host_pool is not None:
             # Built here, so ours to unpin; released last (after the copy engine).
             self._life.started(self.host_pool.close)
-        self._pages = PageTable(self.device_pool.allocator.capacity, ps)
         self.fingerprint = model_fingerprint(config.model, ps)
         self.keys = NodeKeys(self.fingerprint, ps)
         self._write = create_write_policy(config.policy.write_policy)
@@ -260,7 +259,7 @@ class HiRadixCache:
         duplicates are freed; new pages pass to the tree. Slots past
         ``result.inserted_len`` stay the caller's."""
         door = self._door(tokens, device_slots, namespace)
-        return self._insert(door, namespace, empty_slots(), False, priority)
+        return self._insert(door, namespace, NO_SLOTS, False, priority)
 
     def cache_finished_req(
         self,
@@ -277,7 +276,8 @@ class HiRadixCache:
         request finished twice, or another's KV)."""
         door = self._door(tokens, device_slots, namespace, last_node)
         partial = door.aligned < len(door.key)
-        tail = self._pages.of(int(door.slots[door.aligned])) if partial else empty_slots()
+        alloc = self.device_pool.allocator
+        tail = alloc.page_slots(int(door.slots[door.aligned])) if partial else NO_SLOTS
         result = self._insert(door, namespace, tail, True, priority)
         self.residency.unlock(last_node)
         return result
@@ -296,7 +296,7 @@ class HiRadixCache:
         ``result.device_indices`` for the first positions from now on; the
         slots after them stay the request's."""
         door = self._door(tokens, device_slots, namespace, last_node)
-        result = self._insert(door, namespace, empty_slots(), False, priority)
+        result = self._insert(door, namespace, NO_SLOTS, False, priority)
         self.residency.lock(result.last_node)
         self.residency.unlock(last_node)
         indices = self.residency.prefix_slots(result.last_node)
@@ -333,7 +333,7 @@ class HiRadixCache:
         self,
         door: _Door,
         ns: str | None,
-        tail: torch.Tensor,
+        tail: np.ndarray,
         finished: bool,
         priority: int,
     ) -> InsertResult:

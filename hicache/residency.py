@@ -87,11 +87,11 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
     parts = [p for p in parts if p.size]
     if len(parts) > 1:
         return np.concatenate(parts)
-    return parts[0] if parts else _EMPTY
+    return parts[0] if parts else NO_SLOTS
 
 
-_EMPTY = np.empty(0, dtype=np.int64)  # never written: numpy views of it are read only
-_EMPTY.flags.writeable = False
+NO_SLOTS = np.empty(0, dtype=np.int64)  # never written: numpy views of it are read only
+NO_SLOTS.flags.writeable = False
 
 
 class ResidencyTree:

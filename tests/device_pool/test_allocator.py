@@ -170,3 +170,15 @@ def test_allocator_names_the_failed_check_for_numpy_slots() -> None:
         alloc.check_request_held(held.numpy().astype(np.int32))
     alloc.commit_request(held.numpy()[:4], held.numpy()[4:])  # nothing changed before
     assert alloc.counts().tree == 4 and alloc.counts().free == 60
+
+
+def test_page_slots_names_a_page_read_only_and_refuses_outside_slots() -> None:
+    alloc = PagedAllocator(64, 16)
+    assert alloc.page_slots(37).tolist() == list(range(32, 48))
+    assert alloc.page_slots(0).tolist() == list(range(16))
+    with pytest.raises(ValueError):  # a view of the allocator's grid: never written
+        alloc.page_slots(5)[0] = 1
+    for slot in (-1, 64, 1000):
+        with pytest.raises(SlotError, match="outside the pool"):
+            alloc.page_slots(slot)
+    assert alloc.counts() == (64, 0, 0)
