@@ -121,7 +121,8 @@ class PagedAllocator:
         page = slot // self.page_size
         if not 0 <= page < self.num_pages:
             raise SlotError(f"slot {slot} is outside the pool [0, {self.capacity})")
-        return self._slot_grid[page]
+        row: np.ndarray = self._slot_grid[page]
+        return row
 
     def check_request_held(self, slots: Slots) -> None:
         """SlotError unless ``slots`` are whole request-held pages, each listed once."""
