@@ -212,3 +212,21 @@ def test_tree_slots_past_the_locked_node_are_refused(
     cache.drain()  # backups in flight hold locks until their acks
     cache.check_integrity()
     assert cache.protected_size() == 0 and cache.request_held_size() == 0
+
+
+def test_a_partial_page_outside_the_pool_is_refused(cache: HiRadixCache) -> None:
+    """The partial last page is freed by its first slot's page: a slot past
+    the pool (page-aligned, so the layout check passes) is refused before
+    anything changes, and the request's own slots are accepted afterwards."""
+    tokens = seq(6, 2 * PS + 1)
+    m = cache.match_prefix(tokens)
+    cache.inc_lock_ref(m.last_device_node)
+    mine = cache.alloc_device(len(tokens))
+    assert mine is not None
+    outside = torch.tensor([cache.device_pool.allocator.capacity], dtype=torch.int64)
+    slots = torch.cat([mine[: 2 * PS], outside])
+    _refused(cache, cache.cache_finished_req, tokens, slots, m.last_device_node)
+    cache.cache_finished_req(tokens, mine[: len(tokens)], m.last_device_node)
+    cache.drain()  # backups in flight hold locks until their acks
+    cache.check_integrity()
+    assert cache.protected_size() == 0 and cache.request_held_size() == 0
