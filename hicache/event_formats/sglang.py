@@ -1,10 +1,10 @@
 """KV events as SGLang's routers decode them.
 
 Schema: ``python/sglang/srt/disaggregation/kv_events.py`` in sgl-project/sglang
-(main; 0.5.x). The batch is a positional array ``[ts, events, attn_dp_rank]``
-declared without ``omit_defaults``, so the rank is always present (nil here);
-each event is a msgspec-tagged map (``"type"`` = class name) with defaults
-omitted, as vLLM's are.
+(checked against the sglang 0.5.23 wheel). The batch is a positional array
+``[ts, events, attn_dp_rank]`` declared without ``omit_defaults``, so the rank
+is always present (nil here); each event is a msgspec-tagged map (``"type"`` =
+class name) with defaults omitted, as vLLM's are.
 
 Mapping of hicache's fields:
 
@@ -18,15 +18,15 @@ Mapping of hicache's fields:
   ``"CPU_PINNED"``, storage -> ``"DISK"`` for a store on local disk (``lmdb``,
   ``file``) and ``"EXTERNAL"`` for any other (the daemon, Redis, a plugin).
 
-Replay replies follow SGLang's publisher: ``[seq, payload]`` without the
-topic, ended by ``[END_SEQ, b""]``.
+Replay replies follow SGLang's publisher: ``[topic, seq, payload]`` per
+batch, ended by ``[b"", END_SEQ, b""]`` (the same framing as vLLM's).
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from hicache.event_formats.base import END_SEQ, StructFormat, block_hash, parent_hash
+from hicache.event_formats.base import StructFormat, block_hash, parent_hash
 from hicache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 LOCAL_DISK_BACKENDS = ("lmdb", "file")
@@ -93,9 +93,3 @@ class SglangFormat(StructFormat[SglangBatch]):
         if isinstance(event, AllBlocksCleared):
             return SglangAllBlocksCleared()
         raise ValueError(f"not a KV event: {event!r}")
-
-    def replay_frames(self, topic: bytes, seq: bytes, payload: bytes) -> list[bytes]:
-        return [seq, payload]
-
-    def replay_end(self, topic: bytes) -> list[bytes]:
-        return [END_SEQ, b""]

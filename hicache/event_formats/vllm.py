@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import msgspec
 
-from hicache.event_formats.base import END_SEQ, StructFormat, block_hash, parent_hash
+from hicache.event_formats.base import StructFormat, block_hash, parent_hash
 from hicache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 MEDIA = {"device": "GPU", "host": "CPU", "storage": "STORAGE"}
@@ -92,9 +92,3 @@ class VllmFormat(StructFormat[VllmBatch]):
         if isinstance(event, AllBlocksCleared):
             return VllmAllBlocksCleared()
         raise ValueError(f"not a KV event: {event!r}")
-
-    def replay_frames(self, topic: bytes, seq: bytes, payload: bytes) -> list[bytes]:
-        return [topic, seq, payload]
-
-    def replay_end(self, topic: bytes) -> list[bytes]:
-        return [b"", END_SEQ, b""]

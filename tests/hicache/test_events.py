@@ -189,7 +189,7 @@ def publish(pub: ZmqEventPublisher, n: int) -> None:
     ("wire", "peer", "topic_in_reply"),
     [
         ("vllm", vllm_0_28, True),
-        ("sglang", sglang_main, False),
+        ("sglang", sglang_main, True),
     ],
 )
 def test_replay_serves_missed_batches_from_a_bounded_buffer(

@@ -1,6 +1,7 @@
-"""SGLang main (0.5.x): ``python/sglang/srt/disaggregation/kv_events.py``
-(sgl-project/sglang). The envelope has no ``omit_defaults``; events are
-tagged maps with defaults omitted; media are ``StorageMedium``'s values."""
+"""SGLang 0.5.23: ``python/sglang/srt/disaggregation/kv_events.py``
+(sgl-project/sglang, read from the released wheel). The envelope has no
+``omit_defaults``; events are tagged maps with defaults omitted; media are
+``StorageMedium``'s values."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class BlockStored(KVCacheEvent):
     medium: Optional[str] = None  # noqa: UP045
     cache_salt: Optional[str] = None  # noqa: UP045
     session_id: Optional[str] = None  # noqa: UP045
+    lora_name: Optional[str] = None  # noqa: UP045
 
 
 class BlockRemoved(KVCacheEvent):
