@@ -823,6 +823,7 @@ class HiRadixCache:
             storage_bytes=store.bytes_used if store else 0,
             storage_capacity_bytes=store.capacity_bytes if store else 0,
             storage_pages=store.entries if store else 0,
+            storage=store,
         )
 
     def pretty_print(self) -> str:

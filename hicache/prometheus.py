@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from hicache.events import PublisherStats
 from hicache.metrics import LATENCIES, CacheStats, Histogram, Latency
+from storage_backends import StorageStats
 
 
 class Gauges(NamedTuple):
@@ -40,6 +41,7 @@ class Gauges(NamedTuple):
     storage_bytes: int = 0
     storage_capacity_bytes: int = 0
     storage_pages: int = 0
+    storage: StorageStats | None = None  # the backend's own counters (None: no store)
 
 
 class Family(NamedTuple):
@@ -169,6 +171,33 @@ def gauge_families(g: Gauges) -> Iterator[Metric]:
         pages = GaugeMetricFamily("hicache_storage_pages", "Pages the store holds now.")
         pages.add_metric([], g.storage_pages)
         yield pages
+    if g.storage is not None:
+        yield from backend_families(g.storage)
+
+
+# The storage backend's own counters (this process's calls), by family:
+# (name, help, label, {label value: StorageStats field}).
+BACKEND_COUNTERS: tuple[tuple[str, str, str, Mapping[str, str]], ...] = (
+    ("storage_backend_reads", "Pages the storage backend was asked for, by outcome "
+     "(a corrupt page is also a miss).", "outcome",
+     {"hit": "hits", "miss": "misses", "corrupt": "corrupt"}),
+    ("storage_backend_writes", "Pages the storage backend was asked to store, by outcome.",
+     "outcome", {"stored": "puts", "failed": "put_failures"}),
+    ("storage_backend_removals", "Pages the storage backend removed, by reason.", "reason",
+     {"evicted": "evictions", "deleted": "deletes"}),
+    ("storage_backend_errors", "Backend calls that failed (exceptions, timeouts, a daemon "
+     "down or refusing) and were answered as misses or failed puts.", "", {"": "errors"}),
+    ("storage_backend_quarantines", "Whole stores found damaged, moved aside and started "
+     "empty.", "", {"": "quarantined"}),
+)  # fmt: skip
+
+
+def backend_families(s: StorageStats) -> Iterator[Metric]:
+    for name, doc, label, series in BACKEND_COUNTERS:
+        metric = CounterMetricFamily(f"hicache_{name}", doc, labels=[label] if label else [])
+        for value, field in series.items():
+            metric.add_metric([value] if label else [], getattr(s, field))
+        yield metric
 
 
 def publisher_families(p: PublisherStats) -> Iterator[Metric]:

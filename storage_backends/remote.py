@@ -9,6 +9,7 @@ fast until a probe gets through again (``storage_backends.breaker``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -256,7 +257,12 @@ class RemoteBackend:
         (reply,) = self._call(Op.STATS, [Request(Op.STATS, 0)], StatsReply)
         if reply is not None:
             self._size = _Size(*(int(reply.stats.get(name, 0)) for name in DAEMON_SIZE_STATS))
-        return self._counters.snapshot(*self._size)
+        link = self.link_stats()
+        failed = link.timeouts + link.fast_fails + link.error_replies + link.bad_replies
+        snap = self._counters.snapshot(*self._size)
+        # A request the daemon did not answer (or refused) was a miss or a failed
+        # put for the caller: count it where every backend counts such calls.
+        return dataclasses.replace(snap, errors=snap.errors + failed)
 
     def link_stats(self) -> RemoteLinkStats:
         """Counters of the connection to the daemon (thread-safe, no I/O)."""

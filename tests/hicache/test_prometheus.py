@@ -95,6 +95,10 @@ def test_a_cache_exports_its_tiers_and_latencies(tmp_path: Path) -> None:
     assert value(got["hicache_tier_used_bytes"], "hicache_tier_used_bytes", tier="storage") > 0
     assert value(got["hicache_storage_pages"], "hicache_storage_pages") == 4
     assert value(got["hicache_prefetches"], "hicache_prefetches_total", outcome="complete") == 1
+    reads, writes = got["hicache_storage_backend_reads"], got["hicache_storage_backend_writes"]
+    assert value(reads, "hicache_storage_backend_reads_total", outcome="hit") == 4
+    assert value(writes, "hicache_storage_backend_writes_total", outcome="stored") == 4
+    assert value(got["hicache_storage_backend_errors"], "hicache_storage_backend_errors_total") == 0
     # Every latency the cache's parts report has been observed.
     for family in ("load_back", "backup", "prefetch_wait"):
         count = value(got[f"hicache_{family}_seconds"], f"hicache_{family}_seconds_count")

@@ -86,6 +86,7 @@ def test_silent_daemon_gives_misses_and_failed_puts(
         stats, link = backend.stats(), backend.link_stats()
         assert (stats.hits, stats.misses, stats.puts, stats.put_failures) == (0, 3, 0, 3)
         assert link.timeouts == 4 and link.fast_fails == 0  # exists, get, put, stats
+        assert stats.errors == 4  # each unanswered request counts as a failed call
         assert link.reconnects == 4  # a timed-out socket is replaced
     finally:
         backend.close()
