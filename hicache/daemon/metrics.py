@@ -41,6 +41,9 @@ class _SizeCollector(Collector):
         ):
             yield _gauge(f"{tier}_pages", f"pages held in the {tier} tier", entries)
             yield _gauge(f"{tier}_used_bytes", f"bytes held in the {tier} tier", used)
+        yield _gauge(
+            "store_capacity_bytes", "bytes the store tier may hold", size.store_capacity_bytes
+        )
         evictions = CounterMetricFamily(
             f"{_PREFIX}_evictions", "pages evicted for capacity", labels=["tier"]
         )

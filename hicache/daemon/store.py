@@ -44,6 +44,7 @@ class StoreSize(NamedTuple):
     store_evictions: int
     store_corrupt: int
     store_put_failures: int
+    store_capacity_bytes: int
 
 
 def _lookup(records: list[Frame | None], from_memory: list[bool]) -> Lookup:
@@ -154,6 +155,7 @@ class DaemonStore:
             store.evictions,
             store.corrupt,
             store.put_failures,
+            store.capacity_bytes,
         )
 
     def close(self) -> None:

@@ -91,6 +91,7 @@ def test_round_trip_and_batches_over_request_caps(daemons: Callable[..., ServerP
         stats = backend.stats()
         assert stats.hits == 300 + 1 and stats.misses == 2 and stats.puts == 300
         assert stats.entries == 290 and stats.deletes == 10
+        assert stats.capacity_bytes == 8 << 30  # configs/daemon.toml's store.max_bytes
         assert set(backend.take_removed()) == set(keys[:10])
         assert backend.link_stats().timeouts == 0
     finally:
