@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 import random
 import socket
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -28,11 +27,13 @@ from tests.engine.helpers import (
     reference,
     tokens,
 )
+from tests.polling import wait_until
 
 if TYPE_CHECKING:
     from conftest import MakeBackend, Pages
 
 SIZE = 8192
+LEASE_WAIT_S = 10.0  # bound on waiting for the master to expire read leases
 
 
 def _config(store: LocalMooncake, request: pytest.FixtureRequest) -> StorageConfig:
@@ -50,16 +51,6 @@ def store(
     return make_backend(_config(mooncake, request))
 
 
-def _until(check: Callable[[], bool]) -> bool:
-    """Poll ``check`` until it holds (bounded: 10 s); leases on the master expire meanwhile."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_round_trip_exists_put_once_delete(store: StorageBackend, pages: Pages) -> None:
     keys = pages.keys(range(6))
     assert store.put(keys[:4], pages.payloads(range(4), SIZE)) == [True] * 4
@@ -73,7 +64,8 @@ def test_round_trip_exists_put_once_delete(store: StorageBackend, pages: Pages) 
     assert store.get(keys[:1], small) == [False] and bytes(small[0]) == b"\xab" * (SIZE - 1)
     stats = store.stats()
     assert (stats.hits, stats.misses, stats.puts, stats.corrupt) == (4, 3, 4, 0)
-    assert _until(lambda: store.delete(keys[:1]) == 1)  # once the reads' leases expire
+    # Deleted once the reads' leases expire.
+    assert wait_until(lambda: store.delete(keys[:1]) == 1, LEASE_WAIT_S)
     assert store.exists(keys) == 0 and store.take_removed() == keys[:1]
 
 
@@ -102,14 +94,15 @@ def test_damaged_value_is_never_loaded(
     name = f"{cfg.key_prefix}:{cfg.fingerprint}:{keys[1].hex()}"
     good = bytes(raw.get(name))  # type: ignore[attr-defined]
     flipped = good[:-1] + bytes([good[-1] ^ 0x01])
-    assert _until(lambda: raw.remove(name) == 0)  # type: ignore[attr-defined]
+    assert wait_until(lambda: raw.remove(name) == 0, LEASE_WAIT_S)  # type: ignore[attr-defined]
     assert raw.put(name, flipped) == 0  # type: ignore[attr-defined]
     dst = pages.buffers(2, SIZE)
     assert store.get(keys, dst) == [True, False]
     assert bytes(dst[1]) == b"\xab" * SIZE
     assert store.stats().corrupt == 1
     # Removed once the read's lease is over; then the page can be stored afresh.
-    assert _until(lambda: store.put(keys[1:], pages.payloads([1], SIZE)) == [True])
+    again = pages.payloads([1], SIZE)
+    assert wait_until(lambda: store.put(keys[1:], again) == [True], LEASE_WAIT_S)
     assert store.get(keys[1:], dst[1:]) == [True] and bytes(dst[1]) == pages.payload(1, SIZE)
 
 

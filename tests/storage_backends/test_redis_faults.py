@@ -8,22 +8,23 @@ their own (they kill nodes or limit memory), apart from the session cluster.
 from __future__ import annotations
 
 import socket
-import time
 from typing import TYPE_CHECKING
 
 import pytest
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from storage_backends import StorageBackend, StorageConfig, StorageOpenError, create
+from storage_backends import StorageConfig, StorageOpenError, create
 from storage_backends.redis_backend import key_prefix
 from storage_backends.redis_cluster import ClusterOptions, LocalRedisCluster
+from tests.polling import wait_until
 
 if TYPE_CHECKING:
     from conftest import MakeBackend, Pages, StartCluster
 
 SIZE = 4096
 FINGERPRINT = "f00d"
+RECONNECT_S = 30.0  # bound on waiting for the backend to reconnect or reload the slot map
 
 
 def _config(cluster: LocalRedisCluster) -> StorageConfig:
@@ -41,16 +42,6 @@ def _owners(cluster: LocalRedisCluster, keys: list[bytes]) -> list[int]:
         return [ports.index(client.get_node_from_key(prefix + key).port) for key in keys]
     finally:
         client.close()
-
-
-def _put_until_stored(store: StorageBackend, key: bytes, payload: memoryview) -> bool:
-    """Retry one put until the backend has reconnected (bounded: 30 s)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if store.put([key], [payload]) == [True]:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_killed_master_turns_its_keys_into_misses(
@@ -79,7 +70,8 @@ def test_killed_master_turns_its_keys_into_misses(
 
     cluster.restart(1)  # back, empty: the backend reconnects by itself
     victim = keys[lost.index(True)]
-    assert _put_until_stored(store, victim, pages.payloads([lost.index(True)], SIZE)[0])
+    payload = pages.payloads([lost.index(True)], SIZE)
+    assert wait_until(lambda: store.put([victim], payload) == [True], RECONNECT_S, 0.1)
     assert store.get([victim], dst[:1]) == [True]
     assert bytes(dst[0]) == pages.payload(lost.index(True), SIZE)
 
@@ -167,9 +159,8 @@ def test_resharded_slot_is_followed(
     _move_slot(cluster, key_slot(key_prefix(_config(cluster)) + key), source, target)
     assert _owners(cluster, [key]) == [target]
     dst = pages.buffers(1, SIZE)
-    deadline = time.monotonic() + 30
-    while store.get([key], dst) != [True] and time.monotonic() < deadline:
-        time.sleep(0.1)  # misses until the slot map is reloaded (at most once a second)
+    # Misses until the slot map is reloaded (at most once a second).
+    assert wait_until(lambda: store.get([key], dst) == [True], RECONNECT_S, 0.1)
     assert bytes(dst[0]) == pages.payload(0, SIZE)
 
 

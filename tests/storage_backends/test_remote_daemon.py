@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from hicache.bench.processes import ServerProcess, start_daemon
 from hicache.daemon.auth import keygen
 from storage_backends import StorageConfig, create
 from storage_backends.remote import RemoteBackend
+from tests.polling import wait_until
 
 DAEMON_CONFIG = Path("configs/daemon.toml")
 PAGE = 8192
@@ -63,16 +63,6 @@ def read_back(backend: RemoteBackend, ids: list[int]) -> list[bytes | None]:
     return [bytes(d) if hit else None for d, hit in zip(dst, hits, strict=True)]
 
 
-def wait_until(check: Callable[[], bool]) -> bool:
-    """Call ``check`` until it holds, for at most RECOVERY_S (a bounded wait, not a sleep)."""
-    deadline = time.monotonic() + RECOVERY_S
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        threading.Event().wait(0.05)
-    return False
-
-
 def test_round_trip_and_batches_over_request_caps(daemons: Callable[..., ServerProcess]) -> None:
     backend = remote(daemons().endpoint)
     try:
@@ -114,7 +104,7 @@ def test_daemon_down_then_back_breaker_opens_and_recovers(
         assert link.breaker_opens == 1 and link.fast_fails > 0
         assert link.timeouts < 18  # most of the 18 calls failed fast, without a timeout
         daemons(daemon.endpoint)  # back, on the same address and store
-        assert wait_until(lambda: backend.exists([key(1)]) == 1)
+        assert wait_until(lambda: backend.exists([key(1)]) == 1, RECOVERY_S)
         assert read_back(backend, [1]) == [payload(1)]
         assert backend.put([key(2)], [memoryview(payload(2))]) == [True]
         assert backend.link_stats().breaker_state == "closed"
@@ -155,7 +145,7 @@ def test_kill_9_mid_workload_then_every_acknowledged_page_survives(
     try:
         assert killed.is_set() and acked and failed > 0
         daemons(daemon.endpoint)  # restart on the same store
-        assert wait_until(lambda: backend.exists([key(acked[0])]) == 1)
+        assert wait_until(lambda: backend.exists([key(acked[0])]) == 1, RECOVERY_S)
         got = read_back(backend, acked)
         assert got == [payload(i) for i in acked]  # every acknowledged page, bit-identical
     finally:
