@@ -125,6 +125,25 @@ def _page_files(pages: Path) -> Iterator[os.DirEntry[str]]:
                     yield from os.scandir(level2.path)
 
 
+def page_key(entry: os.DirEntry[str]) -> bytes | None:
+    """The page key a file of the store is named by; None for a temp or foreign file."""
+    if entry.name.startswith(_TMP_PREFIX):
+        return None
+    try:
+        key = bytes.fromhex(entry.name)
+    except ValueError:
+        return None
+    return key if len(key) == KEY_BYTES and entry.is_file() else None
+
+
+def page_files(root: Path) -> Iterator[tuple[bytes, os.DirEntry[str]]]:
+    """(key, entry) of every page file in the store at ``root`` (read only)."""
+    for entry in _page_files(root / _PAGES_DIR):
+        key = page_key(entry)
+        if key is not None:
+            yield key, entry
+
+
 def _stat(entry: os.DirEntry[str]) -> os.stat_result | None:
     """The entry's stat, or None if another thread or process removed it meanwhile."""
     try:
@@ -150,11 +169,8 @@ def _scan(pages: Path) -> OrderedDict[bytes, int]:
             if now_ns - stat.st_mtime_ns > _STALE_TMP_S * 1e9:
                 stale += _unlink(entry.path)
             continue
-        try:
-            key = bytes.fromhex(entry.name)
-        except ValueError:
-            key = b""
-        if len(key) != KEY_BYTES or not entry.is_file():
+        key = page_key(entry)
+        if key is None:
             ignored += 1
             continue
         found.append(_PageFile(key, stat.st_size, stat.st_mtime_ns))

@@ -14,7 +14,7 @@ import lmdb
 
 from storage_backends import file_backend, lmdb_backend
 from storage_backends.errors import StorageOpenError
-from storage_backends.page_format import HEADER_BYTES, KEY_BYTES, Verdict, parse_header, validate
+from storage_backends.page_format import HEADER_BYTES, Verdict, parse_header, validate
 
 _LMDB_DATA = "data.mdb"
 _SHOWN_DAMAGED = 10
@@ -125,13 +125,6 @@ def _file_meta(path: Path) -> tuple[int, str]:
 
 
 def _file_pages(path: Path) -> Iterator[tuple[bytes, bytes]]:
-    for entry in file_backend._page_files(path / file_backend._PAGES_DIR):
-        if entry.name.startswith(file_backend._TMP_PREFIX):
-            continue
-        try:
-            key = bytes.fromhex(entry.name)
-        except ValueError:
-            continue
-        if len(key) == KEY_BYTES and entry.is_file():
-            with open(entry.path, "rb") as f:
-                yield key, f.read()
+    for key, entry in file_backend.page_files(path):
+        with open(entry.path, "rb") as f:
+            yield key, f.read()
