@@ -100,6 +100,7 @@ class _Door(NamedTuple):
     aligned: int
     own_from: int | None
     slots: np.ndarray  # the device slots' numpy view: cheaper slicing than torch
+    tail: np.ndarray  # the whole page under a partial last page's slots (or none)
 
 
 class HiRadixCache:
@@ -275,10 +276,7 @@ class HiRadixCache:
         The slots past ``last_node`` must be the request's own (SlotError: a
         request finished twice, or another's KV)."""
         door = self._door(tokens, device_slots, namespace, last_node)
-        partial = door.aligned < len(door.key)
-        alloc = self.device_pool.allocator
-        tail = alloc.page_slots(int(door.slots[door.aligned])) if partial else NO_SLOTS
-        result = self._insert(door, namespace, tail, True, priority)
+        result = self._insert(door, namespace, door.tail, True, priority)
         self.residency.unlock(last_node)
         return result
 
@@ -321,13 +319,14 @@ class HiRadixCache:
             raise ValueError(f"{len(key)} tokens but {slots.numel()} device slots")
         aligned = align_down(len(key), self.page_size)
         arr = slots.numpy() if slots.is_cpu else slots.cpu().numpy()
+        tail = NO_SLOTS
         if aligned < len(key):
-            check_tail_page(arr[aligned:], self.page_size)
+            tail = check_tail_page(arr[aligned:], self.device_pool.allocator.page_slots)
         depth = None
         if last_node is not None:
             self.residency.check_node(last_node, locked=True)
             depth = check_on_path(self.tree, last_node, key, namespace, "last_node")
-        return _Door(key, aligned, depth, arr)
+        return _Door(key, aligned, depth, arr, tail)
 
     def _insert(
         self,

@@ -4,6 +4,8 @@ node that must lie on a request's path. They raise before anything changes
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from hicache.errors import CacheError
@@ -45,13 +47,12 @@ def check_on_path(
     return depth
 
 
-def check_tail_page(arr: np.ndarray, page_size: int) -> None:
-    """The slots of a partial last page (1-D int64; numpy: a fraction of
-    torch's per-call cost) run from the start of one page, in order
-    (CacheError otherwise): only its first slot names the page freed."""
-    if not arr.size:
-        return
-    first = int(arr[0])
-    expected = np.arange(first, first + arr.size, dtype=np.int64)
-    if first % page_size or arr.tobytes() != expected.tobytes():
+def check_tail_page(arr: np.ndarray, page_of: Callable[[int], np.ndarray]) -> np.ndarray:
+    """The slots of a partial last page (1-D int64) must be the first slots
+    of one page, in order (CacheError otherwise; SlotError from ``page_of``
+    outside the pool). Returns that page's slots, ``page_of(arr[0])``: the
+    page is freed whole, named by its first slot."""
+    page = page_of(int(arr[0]))
+    if int(page[0]) != int(arr[0]) or arr.tobytes() != page[: arr.size].tobytes():
         raise CacheError("the partial last page's slots must run in order from a page start")
+    return page

@@ -9,6 +9,7 @@ of their first page, which hash faster than tuples of ints.
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
@@ -18,6 +19,17 @@ import torch
 
 MAX_TOKEN_ID = 2**31 - 1
 Key = array  # array('i') of token ids
+
+
+class TokenKey(array):
+    """Token ids the cache has checked and copied (``MatchResult.key``,
+    ``extend_key``): ``as_token_list`` takes one as is, so a request's ids are
+    checked once however often it is passed back. Extend it with
+    ``extend_key``; writing into it in place bypasses the check."""
+
+    __slots__ = ()
+
+
 ChildKey = bytes | tuple[str | None, bytes]
 Tokens = Sequence[int] | torch.Tensor  # what callers may pass as token ids
 
@@ -82,11 +94,6 @@ class TreeNode:
         dev = self.dev
         return None if dev is None else torch.from_numpy(dev)
 
-    @device.setter
-    def device(self, slots: torch.Tensor | None) -> None:
-        # For callers written against the tensor attribute: kept as numpy.
-        self.dev = None if slots is None else slots.cpu().numpy()
-
     def has_device_child(self) -> bool:
         return any(c.dev is not None for c in self.children.values())
 
@@ -100,20 +107,23 @@ class WalkResult(NamedTuple):
 
 
 def as_token_list(tokens: Sequence[int] | torch.Tensor | np.ndarray | array) -> Key:
-    """Validate token ids (ints in [0, 2**31)) and return them as ``array('i')``.
+    """Validate token ids (ints in [0, 2**31)) and return them as a ``TokenKey``.
 
-    This is where token ids enter the cache, once per request: an
-    ``array('i')`` (e.g. ``MatchResult.key``) is checked vectorised and taken
-    as is, a tensor or numpy array is checked vectorised and converted in one
-    copy; only a Python list is packed element by element. Raises ValueError
-    before anything is touched; the ids are hashed as int32.
+    This is where token ids enter the cache, once per request: a ``TokenKey``
+    (e.g. ``MatchResult.key``) was checked when it was made and is taken as
+    is; a list, an ``array('i')``, a tensor or a numpy array is checked and
+    copied once. Raises ValueError before anything is touched; the ids are
+    hashed as int32.
     """
+    kind = type(tokens)
+    if kind is TokenKey:
+        return tokens  # type: ignore[return-value]  # (mypy cannot narrow by ``type() is``)
+    if kind is list or kind is tuple:
+        return _packed(tokens)  # type: ignore[arg-type]
     if isinstance(tokens, array):
         if tokens.typecode != "i":
             raise ValueError(f"token array must have typecode 'i', got {tokens.typecode!r}")
-        if tokens and int(np.frombuffer(tokens, dtype=np.int32).min()) < 0:
-            raise ValueError("token ids must be >= 0")
-        return tokens
+        return _nonnegative(TokenKey("i", tokens))
     if isinstance(tokens, torch.Tensor):
         if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
             raise ValueError(f"token tensor must be 1-D integer, got {tokens.dtype} {tokens.shape}")
@@ -124,19 +134,46 @@ def as_token_list(tokens: Sequence[int] | torch.Tensor | np.ndarray | array) -> 
         return _from_numpy(tokens)
     if isinstance(tokens, str | bytes | Mapping | set | frozenset):
         raise ValueError(f"tokens must be a sequence of ints, not a {type(tokens).__name__}")
+    return _packed(tokens)
+
+
+def extend_key(key: Key, tokens: Sequence[int] | torch.Tensor | np.ndarray | array) -> TokenKey:
+    """``key`` followed by ``tokens`` as one new ``TokenKey``; neither argument
+    changes. Only ``tokens`` is checked when ``key`` is a ``TokenKey`` (a
+    request's ``MatchResult.key`` extended by the tokens added since), so an
+    engine checks each id once. ValueError as ``as_token_list``."""
+    head, tail = as_token_list(key), as_token_list(tokens)
+    out = TokenKey("i", head)
+    out.extend(tail)
+    return out
+
+
+def _packed(tokens: Sequence[int]) -> TokenKey:
+    # TokenKey(list) sizes the array once; array.extend(list) grows it id by id.
     try:
-        packed = array("i", tokens)
+        key = TokenKey("i", tokens)
     except (TypeError, OverflowError) as e:
         raise ValueError(f"token ids must be integers in [0, 2**31): {e}") from None
-    if packed and int(np.frombuffer(packed, dtype=np.int32).min()) < 0:
+    return _nonnegative(key)
+
+
+_SIGN_BYTES = slice(3, None, 4) if sys.byteorder == "little" else slice(0, None, 4)
+
+
+def _nonnegative(key: TokenKey) -> TokenKey:
+    """``key``, or ValueError if an id is negative: an int32's sign is the top
+    bit of its most significant byte, so the ids are >= 0 exactly when those
+    bytes are all ASCII. Three C calls, none through numpy's dispatch, which
+    costs more than the scan on a request's few thousand ids."""
+    if not key.tobytes()[_SIGN_BYTES].isascii():
         raise ValueError("token ids must be >= 0")
-    return packed
+    return key
 
 
-def _from_numpy(ids: np.ndarray) -> Key:
+def _from_numpy(ids: np.ndarray) -> TokenKey:
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) > MAX_TOKEN_ID):
         raise ValueError("token ids must be in [0, 2**31)")
-    return array("i", ids.astype(np.int32, copy=False).tobytes())
+    return TokenKey("i", ids.astype(np.int32, copy=False).tobytes())
 
 
 class RadixTree:

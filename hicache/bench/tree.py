@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from array import array
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import torch
 from hicache.bench.workloads import MultiTurnSpec, TraceRequest, multiturn
 from hicache.cache import HiRadixCache
 from hicache.config import CacheConfig, HostConfig, ModelConfig
-from hicache.radix_tree import Key, Tokens
+from hicache.radix_tree import Key, Tokens, extend_key
 from storage_backends import StorageConfig
 
 
@@ -79,8 +78,8 @@ def replay(
 
     With ``incremental``, a conversation's token ids are converted once, as an
     engine keeps a request's ids: each turn converts only the tokens added
-    since the previous turn and extends that turn's key (the cache checks it
-    vectorised). Without, every request's whole list is converted."""
+    since the previous turn and extends that turn's checked key (``extend_key``
+    checks only the new ids). Without, every request's whole list is converted."""
     from tqdm import tqdm  # an extra (hicache[bench]); the CLI checks for it first
 
     known = added_since_last_turn(trace) if incremental else [0] * len(trace)
@@ -90,7 +89,7 @@ def replay(
     for req, old in tqdm(zip(trace, known, strict=True), desc="tree", unit="req", leave=False):
         tokens: Tokens | Key = req.tokens
         if old:
-            tokens = keys[req.conversation] + array("i", req.tokens[old:])
+            tokens = extend_key(keys[req.conversation], req.tokens[old:])
         m = cache.match_prefix(tokens)
         assert m.key is not None  # the checked, converted key: no second conversion
         keys[req.conversation] = m.key
