@@ -216,8 +216,9 @@ class HiRadixCache:
     ) -> MatchResult:
         """Longest cached page-aligned prefix of ``tokens``; splits a node when
         the match ends inside it and refreshes LRU/LFU state along the path.
-        ``result.key`` is ``tokens`` converted and checked: pass it (extended
-        with tokens generated since) to ``cache_*_req`` to skip a conversion.
+        ``result.key`` is ``tokens`` converted and checked (a ``TokenKey``):
+        pass it, or ``extend_key(result.key, generated)``, to ``cache_*_req``
+        and later matches, and its ids are not checked again.
         With ``with_storage``, ``storage_hit_length`` is what the last
         completed storage lookup of the pages past the host match found; when
         none completed yet it is 0 and a lookup starts on the I/O workers (the

@@ -19,8 +19,9 @@ class MatchResult(NamedTuple):
     counts tokens past both that storage holds, as found by the last completed
     lookup of those pages (0 unless asked for, or while the first lookup runs
     on the storage workers: ``match_prefix`` never calls the backend).
-    ``key`` is the request's tokens, checked and converted once: pass it (or it
-    extended by the tokens generated since) back to ``cache_*_req``.
+    ``key`` is the request's tokens, checked and converted once (a
+    ``TokenKey``): pass it, or ``extend_key(key, generated)`` (which checks
+    only the new ids), back to ``cache_*_req``.
     """
 
     device_indices: torch.Tensor
