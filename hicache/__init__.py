@@ -12,6 +12,8 @@ _EXPORTS = {
     "MatchResult": "hicache.cache",
     "InsertResult": "hicache.cache",
     "CacheConfig": "hicache.config",
+    "TokenKey": "hicache.radix_tree",
+    "extend_key": "hicache.radix_tree",
 }
 
 __all__ = sorted(_EXPORTS)
