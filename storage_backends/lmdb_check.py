@@ -94,7 +94,7 @@ def walk(path: str) -> str | None:
             for name in _DB_NAMES:
                 try:
                     dbs[name] = env.open_db(name, txn=txn, create=False)
-                except lmdb.NotFoundError:
+                except lmdb.NotFoundError:  # not created yet: nothing in it to damage
                     continue
                 _walk_db(txn, dbs[name])
             if b"meta" in dbs:

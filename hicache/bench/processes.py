@@ -38,12 +38,23 @@ class ServerError(RuntimeError):
 class ServerProcess:
     """One server subprocess; ``endpoint`` is what its banner line announced."""
 
-    def __init__(self, argv: Sequence[str], banner: str, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        banner: str,
+        log_path: Path | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.argv = list(argv)
         self.proc = subprocess.Popen(
-            self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
         )
         self._drain: threading.Thread | None = None
+        self._head = b""  # output read while looking for the banner: the log starts with it
         try:
             self.endpoint = self._read_banner(banner)
         except BaseException:
@@ -68,6 +79,7 @@ class ServerProcess:
                     chunk = os.read(self.proc.stdout.fileno(), 4096)
                     if not chunk:
                         break  # the process closed its output: it died
+                    self._head += chunk
                     buffered += chunk
                     *lines, buffered = buffered.split(b"\n")  # keep a partial last line
                     for line in lines:
@@ -79,7 +91,8 @@ class ServerProcess:
     def _copy_output(self, log_path: Path | None) -> None:
         """Keep reading the server's output so that it never blocks on a full pipe."""
         assert self.proc.stdout is not None
-        with open(log_path or os.devnull, "ab") as log:
+        with open(log_path or os.devnull, "ab", buffering=0) as log:  # readable while it runs
+            log.write(self._head)
             while chunk := os.read(self.proc.stdout.fileno(), 1 << 16):
                 log.write(chunk)
 
@@ -121,14 +134,16 @@ def wait_ping(endpoint: str, client_key: str | None = None, server_key: str | No
     """PING the daemon at ``endpoint`` (with CURVE key files when given) until it answers,
     for at most ``START_TIMEOUT_S``; return its version string. ServerError otherwise."""
     deadline = time.monotonic() + START_TIMEOUT_S
+    last: DaemonCallError | None = None
     while time.monotonic() < deadline:
         try:
             reply = call(endpoint, Op.PING, 0.5, server_key, client_key)
-        except DaemonCallError:
+        except DaemonCallError as exc:  # not up yet: ask again until the deadline
+            last = exc
             continue
         assert isinstance(reply, PingReply)
         return reply.server
-    raise ServerError(f"no PING reply from {endpoint} within {START_TIMEOUT_S} s")
+    raise ServerError(f"no PING reply from {endpoint} within {START_TIMEOUT_S} s (last: {last})")
 
 
 def start_daemon(

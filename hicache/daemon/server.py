@@ -131,10 +131,10 @@ class DaemonServer:
         bound = Bound(endpoint, port, os.getpid())
         if self._auth is None and not is_loopback(endpoint):
             logger.warning("listening on %s without CURVE: any client that reaches it", endpoint)
+        if self._config.server.ready_file:  # first: once the banner is logged, the file is there
+            _write_ready_file(Path(self._config.server.ready_file), bound)
         # hicache.bench.processes reads the endpoint from this line: keep its wording.
         logger.info("hicache daemon listening on %s (metrics port %s)", endpoint, port)
-        if self._config.server.ready_file:
-            _write_ready_file(Path(self._config.server.ready_file), bound)
         return bound
 
     def _configure_router(self) -> None:

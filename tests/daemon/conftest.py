@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import zmq
 
+from hicache.bench.processes import DAEMON_BANNER, ServerProcess
 from hicache.daemon.protocol import (
     Frame,
     Op,
@@ -101,7 +98,9 @@ class Client:
 
 
 class Daemon:
-    """A ``python -m hicache.daemon serve`` subprocess; stopped by PID."""
+    """A ``python -m hicache.daemon serve`` subprocess, started as the benches
+    start one (``hicache.bench.processes.ServerProcess``: bound once it logs
+    its endpoint, which it does after writing its ready file); stopped by PID."""
 
     def __init__(self, workdir: Path, config: str, log_name: str = "daemon.log") -> None:
         self.workdir = workdir
@@ -110,34 +109,13 @@ class Daemon:
         self.ready_file = workdir / "ready.json"
         self.ready_file.unlink(missing_ok=True)
         self.log_path = workdir / log_name
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "hicache.daemon",
-                    "serve",
-                    "--config",
-                    str(self.config_path),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=workdir,
-            )
-        info = self._wait_ready_file()
+        argv = [sys.executable, "-m", "hicache.daemon", "serve", "--config", str(self.config_path)]
+        self.server = ServerProcess(argv, DAEMON_BANNER, self.log_path, cwd=workdir)
+        self.proc = self.server.proc
+        info = json.loads(self.ready_file.read_text())
         self.endpoint: str = info["endpoint"]
         self.metrics_port: int | None = info["metrics_port"]
-        assert info["pid"] == self.proc.pid
-
-    def _wait_ready_file(self) -> dict[str, object]:
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while not self.ready_file.exists():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited {self.proc.returncode}: {self.log()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"daemon not bound after {_START_TIMEOUT_S}s: {self.log()}")
-            time.sleep(0.02)  # polling the file the daemon writes once bound, not a readiness wait
-        return json.loads(self.ready_file.read_text())
+        assert info["pid"] == self.proc.pid and self.endpoint == self.server.endpoint
 
     def wait_ping(self, client: Client) -> None:
         """Readiness: a PING reply."""
@@ -157,12 +135,11 @@ class Daemon:
         return self.proc.poll() is None
 
     def terminate(self, timeout_s: float = 30.0) -> int:
-        os.kill(self.proc.pid, signal.SIGTERM)
-        return self.proc.wait(timeout_s)
+        """SIGTERM; the exit code (SIGKILL after ``timeout_s``: -9)."""
+        return self.server.stop(timeout_s)
 
     def kill9(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
+        self.server.kill()
 
 
 def daemon_toml(
