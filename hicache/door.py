@@ -52,7 +52,8 @@ def check_tail_page(arr: np.ndarray, page_of: Callable[[int], np.ndarray]) -> np
     of one page, in order (CacheError otherwise; SlotError from ``page_of``
     outside the pool). Returns that page's slots, ``page_of(arr[0])``: the
     page is freed whole, named by its first slot."""
-    page = page_of(int(arr[0]))
-    if int(page[0]) != int(arr[0]) or arr.tobytes() != page[: arr.size].tobytes():
+    first = int(arr[0])
+    page = page_of(first)
+    if int(page[0]) != first or arr.tobytes() != page[: arr.size].tobytes():
         raise CacheError("the partial last page's slots must run in order from a page start")
     return page

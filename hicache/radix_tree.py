@@ -106,7 +106,7 @@ class WalkResult(NamedTuple):
     path: list[TreeNode]
 
 
-def as_token_list(tokens: Sequence[int] | torch.Tensor | np.ndarray | array) -> Key:
+def as_token_list(tokens: Sequence[int] | torch.Tensor | np.ndarray | array) -> TokenKey:
     """Validate token ids (ints in [0, 2**31)) and return them as a ``TokenKey``.
 
     This is where token ids enter the cache, once per request: a ``TokenKey``
@@ -115,11 +115,10 @@ def as_token_list(tokens: Sequence[int] | torch.Tensor | np.ndarray | array) -> 
     copied once. Raises ValueError before anything is touched; the ids are
     hashed as int32.
     """
-    kind = type(tokens)
-    if kind is TokenKey:
-        return tokens  # type: ignore[return-value]  # (mypy cannot narrow by ``type() is``)
-    if kind is list or kind is tuple:
-        return _packed(tokens)  # type: ignore[arg-type]
+    if isinstance(tokens, TokenKey):
+        return tokens
+    if isinstance(tokens, list | tuple):
+        return _packed(tokens)
     if isinstance(tokens, array):
         if tokens.typecode != "i":
             raise ValueError(f"token array must have typecode 'i', got {tokens.typecode!r}")
