@@ -4,6 +4,8 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The engines' wheels (test venv only): requirements/engines.txt, --no-deps.
+ENGINES := $(VENV)/.engines-installed
 CONFIG ?= configs/default.toml
 
 .PHONY: run test test-slow lint bench format clean redis-server
@@ -14,10 +16,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
 	touch $(STAMP)
 
+# The pip constraint keeps the venv's torch (a CPU build) whatever an engine's
+# dependency asks for: any other torch is a multi-GB CUDA download.
+$(ENGINES): $(STAMP) requirements/engines.txt requirements/engine-deps.txt
+	$(PY) -m pip freeze | grep -i '^torch==' > $(VENV)/torch-pin.txt
+	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -r requirements/engine-deps.txt
+	$(PY) -m pip install --quiet --no-deps -c $(VENV)/torch-pin.txt -r requirements/engines.txt
+	touch $(ENGINES)
+
 run: $(STAMP)
 	$(VENV)/bin/hicache bench tiering --config $(CONFIG)
 
-test: $(STAMP) lint redis-server
+test: $(STAMP) $(ENGINES) lint redis-server
 	$(PY) -m pytest
 
 # The redis backend tests run real servers; installs Debian's redis-server when missing.
