@@ -7,6 +7,13 @@ STAMP := $(VENV)/.installed
 # The engines' wheels (test venv only): requirements/engines.txt, --no-deps.
 ENGINES := $(VENV)/.engines-installed
 CONFIG ?= configs/default.toml
+# The compiled hot path (hicache/native.py): Cython over the same modules. A
+# failed build leaves the pure-Python modules in use, with a note.
+NATIVE := build/native/manifest.json
+PURE_TESTS := tests/device_pool tests/hicache/test_radix_cache.py tests/hicache/test_token_keys.py \
+	tests/hicache/test_cache_stateful.py tests/hicache/test_misuse_stateful.py tests/hicache/test_native.py
+NATIVE_SRC := scripts/build_native.py hicache/native.py device_pool/allocator.py \
+	hicache/radix_tree.py hicache/residency.py hicache/door.py hicache/cache.py
 
 .PHONY: run test test-slow lint bench format clean redis-server
 
@@ -24,11 +31,18 @@ $(ENGINES): $(STAMP) requirements/engines.txt requirements/engine-deps.txt
 	$(PY) -m pip install --quiet --no-deps -c $(VENV)/torch-pin.txt -r requirements/engines.txt
 	touch $(ENGINES)
 
-run: $(STAMP)
+$(NATIVE): $(STAMP) $(NATIVE_SRC)
+	$(PY) -m pip install --quiet "cython>=3.0,<4" && $(PY) scripts/build_native.py \
+		|| echo "note: compiled hot path not built; hicache runs pure Python"
+
+run: $(STAMP) $(NATIVE)
 	$(VENV)/bin/hicache bench tiering --config $(CONFIG)
 
-test: $(STAMP) $(ENGINES) lint redis-server
+# The main run uses the compiled hot path (when built); then the tree,
+# allocator and cache property tests again on the pure-Python modules.
+test: $(STAMP) $(ENGINES) $(NATIVE) lint redis-server
 	$(PY) -m pytest
+	HICACHE_PURE=1 $(PY) -m pytest $(PURE_TESTS)
 
 # The redis backend tests run real servers; installs Debian's redis-server when missing.
 redis-server:

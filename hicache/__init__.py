@@ -5,6 +5,10 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 
+from hicache.native import use_compiled
+
+use_compiled(__name__, __path__)  # the compiled hot path, when built (hicache.native)
+
 # Public names, imported on first use so that `import hicache` stays cheap and
 # importing one subpackage never drags in the others.
 _EXPORTS = {

@@ -31,3 +31,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, skip in skips.items():
             if marker in item.keywords:
                 item.add_marker(skip)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say which hot path the run tests: compiled (Cython) or pure Python."""
+    from hicache import native
+
+    return f"hicache hot path: {native.describe()}"

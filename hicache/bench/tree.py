@@ -1,20 +1,38 @@
-"""Radix-tree speed: replay a multi-turn trace through match/lock/insert/unlock/evict."""
+"""Radix-tree speed: replay a multi-turn trace through match/lock/insert/unlock/evict.
+
+With ``--against sglang`` the same trace also runs through SGLang's own trees
+(``RadixCache``, and ``UnifiedRadixCache`` on its Rust TreeCore), alternating
+sides round by round at each page size, same capacity; each side's best and
+median CPU µs per request, and hicache's ratio to the faster SGLang tree."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import statistics
 import time
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from hicache import native
 from hicache.bench.workloads import MultiTurnSpec, TraceRequest, multiturn
 from hicache.cache import HiRadixCache
 from hicache.config import CacheConfig, HostConfig, ModelConfig
 from hicache.radix_tree import Key, Tokens, extend_key
 from storage_backends import StorageConfig
+
+if TYPE_CHECKING:
+    from hicache.bench.sglang_trees import Peers, PeerTree
+
+Side = Callable[[list[TraceRequest], list[int]], tuple[float, float]]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="convert every request's whole token list (default: only the tokens added "
         "since the conversation's previous turn, as an engine keeps a request's ids)",
     )
+    parser.add_argument(
+        "--against",
+        choices=["sglang"],
+        default=None,
+        help="also replay through SGLang's RadixCache and UnifiedRadixCache (Rust core), "
+        "alternating, and report hicache's time as a ratio to the faster one",
+    )
+    parser.add_argument(
+        "--page-sizes",
+        default=None,
+        help="comma-separated page sizes for --against (default: 1,16)",
+    )
+    parser.add_argument("--repeat", type=int, default=5, help="rounds per side for --against")
 
 
 def bench_config(config: CacheConfig, page_size: int | None) -> CacheConfig:
@@ -72,7 +103,11 @@ def added_since_last_turn(trace: list[TraceRequest]) -> list[int]:
 
 
 def replay(
-    cache: HiRadixCache, trace: list[TraceRequest], incremental: bool = True
+    cache: HiRadixCache,
+    trace: list[TraceRequest],
+    incremental: bool = True,
+    progress: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> TreeBenchResult:
     """Drive the cache as an engine would; KV contents are not touched.
 
@@ -85,8 +120,9 @@ def replay(
     known = added_since_last_turn(trace) if incremental else [0] * len(trace)
     keys: dict[int, Key] = {}
     ops = hit = total = 0
-    start = time.perf_counter()
-    for req, old in tqdm(zip(trace, known, strict=True), desc="tree", unit="req", leave=False):
+    start = clock()
+    steps = zip(trace, known, strict=True)
+    for req, old in tqdm(steps, desc="tree", unit="req", leave=False, disable=not progress):
         tokens: Tokens | Key = req.tokens
         if old:
             tokens = extend_key(keys[req.conversation], req.tokens[old:])
@@ -105,12 +141,14 @@ def replay(
         ops += 4
         hit += m.device_hit_length
         total += len(m.key)
-    seconds = time.perf_counter() - start
+    seconds = clock() - start
     ps = cache.page_size
     return TreeBenchResult(ps, ops, seconds, seconds * 1e6 / max(ops, 1), hit, total, len(trace))
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.against:
+        return run_against(args)
     config = bench_config(args.config, args.page_size)
     spec = MultiTurnSpec(conversations=args.conversations, turns=args.turns)
     trace = list(multiturn(spec))
@@ -138,3 +176,149 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(payload, indent=2))
         print(f"wrote {args.json}")
     return 0
+
+
+# --against sglang ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SideFigures:
+    """One side at one page size: CPU µs per request of each round, hit rate."""
+
+    side: str
+    page_size: int
+    us_per_request: tuple[float, ...]
+    hit_rate: float
+
+    @property
+    def best(self) -> float:
+        return min(self.us_per_request)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.us_per_request)
+
+
+def replay_peer(peer: PeerTree, trace: list[TraceRequest], known: list[int]) -> tuple[float, float]:
+    """Replay ``trace`` through an SGLang tree as its scheduler would: CPU
+    seconds and device hit rate. Keys are ``array('q')`` extended by each
+    turn's new ids, as SGLang's ``Req`` keeps them."""
+    keys: dict[int, array] = {}
+    hit = total = 0
+    start = time.process_time()
+    for req, old in zip(trace, known, strict=True):
+        new_ids = array("q", req.tokens[old:] if old else req.tokens)
+        key = keys[req.conversation] + new_ids if old else new_ids
+        keys[req.conversation] = key
+        prefix_len, node = peer.match(key)
+        lock = peer.lock(node)
+        need = len(key) - prefix_len
+        slots = peer.alloc(need)
+        if slots is None:
+            peer.unlock(node, lock)
+            continue
+        peer.finish(key, torch.cat([peer.prefix(node, prefix_len), slots[:need]]), prefix_len)
+        peer.unlock(node, lock)
+        hit += prefix_len
+        total += len(key)
+    return time.process_time() - start, hit / max(total, 1)
+
+
+def _hicache_side(config: CacheConfig, trace: list[TraceRequest]) -> tuple[float, float]:
+    with HiRadixCache(config) as cache:
+        r = replay(cache, trace, progress=False, clock=time.process_time)
+        cache.check_integrity()
+    return r.seconds, r.hit_tokens / max(r.total_tokens, 1)
+
+
+def _sides(config: CacheConfig, peers: Peers | None) -> dict[str, Side]:
+    ps, capacity = config.device.page_size, config.device.num_tokens
+    out: dict[str, Side] = {"hicache": lambda trace, known: _hicache_side(config, trace)}
+    for name, build in (peers.factories if peers else {}).items():
+        out[name] = _peer_side(build, ps, capacity)
+    return out
+
+
+def _peer_side(build: Callable[[int, int], PeerTree], ps: int, capacity: int) -> Side:
+    def side(trace: list[TraceRequest], known: list[int]) -> tuple[float, float]:
+        return replay_peer(build(ps, capacity), trace, known)
+
+    return side
+
+
+def compare(
+    config: CacheConfig, trace: list[TraceRequest], peers: Peers | None, repeat: int
+) -> list[SideFigures]:
+    """Every side ``repeat`` times, alternating, on fresh trees of the same capacity."""
+    from tqdm import tqdm
+
+    known = added_since_last_turn(trace)
+    sides = _sides(config, peers)
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    hits: dict[str, float] = {}
+    for _ in tqdm(range(repeat), desc=f"page {config.device.page_size}", leave=False):
+        for name, side in sides.items():
+            seconds, hits[name] = side(trace, known)
+            times[name].append(seconds * 1e6 / len(trace))
+    ps = config.device.page_size
+    return [SideFigures(n, ps, tuple(times[n]), hits[n]) for n in sides]
+
+
+def run_against(args: argparse.Namespace) -> int:
+    from hicache.bench import sglang_trees
+
+    sizes = [int(p) for p in (args.page_sizes or "1,16").split(",")]
+    trace = list(multiturn(MultiTurnSpec(conversations=args.conversations, turns=args.turns)))
+    peers: Peers | None = None
+    try:
+        peers = sglang_trees.load()
+    except sglang_trees.SglangUnavailable as e:
+        logger.warning("%s; skipping the SGLang side", e)
+    for name, why in (peers.missing if peers else {}).items():
+        logger.warning("%s skipped: %s", name, why)
+    print(f"hicache hot path: {native.describe()}; {len(trace)} requests, repeat {args.repeat}")
+    figures: list[SideFigures] = []
+    for ps in sizes:
+        found = compare(bench_config(args.config, ps), trace, peers, args.repeat)
+        print(_table(found))
+        figures += found
+    if args.json:
+        args.json.write_text(json.dumps(_payload(figures), indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _table(found: list[SideFigures]) -> str:
+    peers = [f for f in found if f.side != "hicache"]
+    ours = next(f for f in found if f.side == "hicache")
+    best = min(peers, key=lambda f: f.best) if peers else None
+    lines = [f"page_size={ours.page_size}  (CPU µs per request: best / median)"]
+    for f in found:
+        ratio = ""
+        if f is ours and best is not None:
+            ratio = f"  ratio to {best.side}: {f.best / best.best:.2f}"
+            ratio += f" (median {f.median / best.median:.2f})"
+        lines.append(
+            f"  {f.side:<20} {f.best:8.1f} / {f.median:8.1f}  hit rate {f.hit_rate:.4f}{ratio}"
+        )
+    spread = max(f.hit_rate for f in found) - min(f.hit_rate for f in found)
+    if spread > 0.005:
+        lines.append(f"  WARNING: hit rates differ by {spread:.4f} (> 0.005)")
+    return "\n".join(lines)
+
+
+def _payload(figures: list[SideFigures]) -> dict[str, object]:
+    return {
+        "hot_path": native.describe(),
+        "sides": [
+            {
+                "side": f.side,
+                "page_size": f.page_size,
+                "us_per_request": list(f.us_per_request),
+                "best_us": f.best,
+                "median_us": f.median,
+                "hit_rate": f.hit_rate,
+            }
+            for f in figures
+        ],
+    }

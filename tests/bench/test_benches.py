@@ -150,3 +150,25 @@ def test_shipped_configs_run_the_main_job(tmp_path: Path, name: str) -> None:
     assert main([*argv, "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "tiering.json").read_text())
     assert report["configs"][-1]["hit_rate"] > 0
+
+
+def test_tree_bench_against_sglang(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """hicache and SGLang's trees on one trace, alternating: equal hit rates;
+    without SGLang the peer side is skipped with a message, hicache still runs."""
+    cfg = tmp_path / "small.toml"
+    cfg.write_text(SMALL)
+    out = tmp_path / "against.json"
+    argv = ["bench", "tree", "--config", str(cfg), "--against", "sglang", "--page-sizes", "1,16"]
+    argv += ["--conversations", "6", "--turns", "3", "--repeat", "2", "--json", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    sides = {(s["side"], s["page_size"]): s for s in data["sides"]}
+    assert {("hicache", 1), ("hicache", 16)} <= set(sides)
+    for (_, ps), s in sides.items():
+        assert len(s["us_per_request"]) == 2 and s["best_us"] > 0
+        assert abs(s["hit_rate"] - sides[("hicache", ps)]["hit_rate"]) <= 0.005
+    assert sides[("hicache", 16)]["hit_rate"] > 0
+    if len(sides) == 2:
+        assert "skipping the SGLang side" in caplog.text
+    else:
+        assert {("sglang-radix", 16), ("sglang-unified-rust", 16)} <= set(sides)

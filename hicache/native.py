@@ -1,0 +1,94 @@
+"""Compiled hot path: which modules run as C extensions, and when.
+
+The tree's hot path (``HOT_MODULES``) can be compiled by Cython from the very
+same ``.py`` files (``scripts/build_native.py``, run by ``make``): one source
+of truth, no second implementation. The build goes to ``build/native/``,
+outside the packages, with a manifest of each source's SHA-256. A package
+puts that folder first on its ``__path__`` (``use_compiled``) only when
+
+- ``HICACHE_PURE`` is not ``1``,
+- the build is there, for this Python, and
+- every compiled module was built from the source that is there now (a stale
+  build is never run: edit a module and it runs pure until rebuilt).
+
+Otherwise the pure-Python modules run, and the reason is logged (INFO when
+the build is simply absent or turned off, WARNING when stale). Stdlib only:
+``device_pool`` and ``hicache`` import it before anything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+PURE_ENV = "HICACHE_PURE"
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "native"
+MANIFEST = BUILD / "manifest.json"
+# package -> its modules on the hot path, compiled when built
+HOT_MODULES: dict[str, tuple[str, ...]] = {
+    "device_pool": ("allocator",),
+    "hicache": ("radix_tree", "residency", "door", "cache"),
+}
+
+
+def source_digest(package: str, module: str) -> str:
+    """SHA-256 of a hot module's ``.py`` source in this tree."""
+    return hashlib.sha256((ROOT / package / f"{module}.py").read_bytes()).hexdigest()
+
+
+def why_pure(package: str) -> str | None:
+    """Why ``package``'s hot modules cannot run compiled now; None when they can."""
+    if os.environ.get(PURE_ENV) == "1":
+        return f"{PURE_ENV}=1"
+    try:
+        manifest = json.loads(MANIFEST.read_text())
+    except (OSError, ValueError):
+        return "no compiled build (make builds it; see docs/architecture.md)"
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    for module in HOT_MODULES[package]:
+        if manifest.get(f"{package}.{module}") != source_digest(package, module):
+            return f"the compiled build of {package}.{module} is stale: rebuild with make"
+        if not (BUILD / package / f"{module}{suffix}").exists():
+            return f"no compiled {package}.{module} for this Python"
+    return None
+
+
+def use_compiled(package: str, path: list[str]) -> None:
+    """Put the compiled build first on ``package``'s ``__path__`` when usable
+    (see the module docstring); call before the package imports a hot module."""
+    why = why_pure(package)
+    if why is None:
+        path.insert(0, str(BUILD / package))
+        return
+    stale = "stale" in why
+    logger.log(logging.WARNING if stale else logging.INFO, "%s runs pure Python: %s", package, why)
+
+
+def compiled_modules() -> list[str]:
+    """The hot modules imported so far that run compiled (C extensions)."""
+    out = []
+    for package, modules in HOT_MODULES.items():
+        for module in modules:
+            loaded = sys.modules.get(f"{package}.{module}")
+            if loaded is not None and str(loaded.__file__).endswith(".so"):
+                out.append(f"{package}.{module}")
+    return out
+
+
+def describe() -> str:
+    """One line: which hot path this process runs (imports the hot modules)."""
+    import device_pool.allocator  # noqa: F401
+    import hicache.cache  # noqa: F401
+
+    compiled = compiled_modules()
+    if not compiled:
+        return f"pure Python ({why_pure('hicache') or why_pure('device_pool')})"
+    return "compiled (Cython): " + ", ".join(compiled)

@@ -1,0 +1,70 @@
+"""Compile the hot path (hicache.native.HOT_MODULES) with Cython into build/native/.
+
+The same ``.py`` files, compiled as they are (no second source). Writes
+build/native/manifest.json (each source's SHA-256) last, so a build that
+fails half-way is never used. Exit status 1 with a message on failure: the
+Makefile then goes on with the pure-Python modules.
+
+Usage: python scripts/build_native.py [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hicache.native import BUILD, HOT_MODULES, MANIFEST, ROOT, source_digest
+
+# Plain Python semantics: annotations are not turned into C type checks (a
+# numpy integer stays a valid ``int`` argument, as in the pure modules).
+DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}
+
+
+def build(jobs: int) -> None:
+    from Cython.Build import cythonize
+    from setuptools import Distribution, Extension
+
+    MANIFEST.unlink(missing_ok=True)
+    names = [(p, m) for p, mods in HOT_MODULES.items() for m in mods]
+    exts = [
+        Extension(f"{p}.{m}", [str(ROOT / p / f"{m}.py")], extra_compile_args=["-O2"])
+        for p, m in names
+    ]
+    exts = cythonize(exts, build_dir=str(BUILD / "c"), compiler_directives=DIRECTIVES, quiet=True)
+    args = ["build_ext", "--build-lib", str(BUILD), "--build-temp", str(BUILD / "tmp")]
+    dist = Distribution({"ext_modules": exts, "script_args": [*args, "-j", str(jobs)]})
+    dist.parse_command_line()
+    dist.run_commands()
+    shutil.rmtree(BUILD / "tmp", ignore_errors=True)
+    MANIFEST.write_text(json.dumps({f"{p}.{m}": source_digest(p, m) for p, m in names}, indent=1))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    start = time.monotonic()
+    try:
+        build(args.jobs)
+    except Exception as e:  # any failure: the pure modules stay in use
+        print(f"build_native: compiled hot path not built ({e}); hicache runs pure Python")
+        return 1
+    except SystemExit as e:  # setuptools reports a compiler failure this way
+        print(f"build_native: compiled hot path not built ({e}); hicache runs pure Python")
+        return 1
+    print(
+        f"build_native: compiled {sum(map(len, HOT_MODULES.values()))} modules into "
+        f"{BUILD.relative_to(ROOT)} in {time.monotonic() - start:.0f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
