@@ -32,12 +32,12 @@ def build(jobs: int) -> None:
     from setuptools import Distribution, Extension
 
     MANIFEST.unlink(missing_ok=True)
+    os.chdir(ROOT)  # relative sources: build/native/c mirrors the packages
     names = [(p, m) for p, mods in HOT_MODULES.items() for m in mods]
-    exts = [
-        Extension(f"{p}.{m}", [str(ROOT / p / f"{m}.py")], extra_compile_args=["-O2"])
-        for p, m in names
-    ]
-    exts = cythonize(exts, build_dir=str(BUILD / "c"), compiler_directives=DIRECTIVES, quiet=True)
+    exts = [Extension(f"{p}.{m}", [f"{p}/{m}.py"], extra_compile_args=["-O2"]) for p, m in names]
+    exts = cythonize(
+        exts, build_dir=str(BUILD / "c"), compiler_directives=DIRECTIVES, quiet=True, nthreads=jobs
+    )
     args = ["build_ext", "--build-lib", str(BUILD), "--build-temp", str(BUILD / "tmp")]
     dist = Distribution({"ext_modules": exts, "script_args": [*args, "-j", str(jobs)]})
     dist.parse_command_line()
