@@ -36,9 +36,14 @@ def build(jobs: int) -> None:
     names = [(p, m) for p, mods in HOT_MODULES.items() for m in mods]
     exts = [Extension(f"{p}.{m}", [f"{p}/{m}.py"], extra_compile_args=["-O2"]) for p, m in names]
     exts = cythonize(
-        exts, build_dir=str(BUILD / "c"), compiler_directives=DIRECTIVES, quiet=True, nthreads=jobs
+        exts,
+        build_dir=str(BUILD / "c"),
+        compiler_directives=DIRECTIVES,
+        quiet=True,
+        nthreads=jobs,
+        force=True,
     )
-    args = ["build_ext", "--build-lib", str(BUILD), "--build-temp", str(BUILD / "tmp")]
+    args = ["build_ext", "--force", "--build-lib", str(BUILD), "--build-temp", str(BUILD / "tmp")]
     dist = Distribution({"ext_modules": exts, "script_args": [*args, "-j", str(jobs)]})
     dist.parse_command_line()
     dist.run_commands()
