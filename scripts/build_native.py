@@ -46,8 +46,10 @@ def build(jobs: int) -> None:
     args = ["build_ext", "--force", "--build-lib", str(BUILD), "--build-temp", str(BUILD / "tmp")]
     dist = Distribution({"ext_modules": exts, "script_args": [*args, "-j", str(jobs)]})
     dist.parse_command_line()
-    dist.run_commands()
-    shutil.rmtree(BUILD / "tmp", ignore_errors=True)
+    try:
+        dist.run_commands()
+    finally:
+        shutil.rmtree(BUILD / "tmp", ignore_errors=True)
     MANIFEST.write_text(json.dumps({f"{p}.{m}": source_digest(p, m) for p, m in names}, indent=1))
 
 
