@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 ENGINES := $(VENV)/.engines-installed
 CONFIG ?= configs/default.toml
 
-.PHONY: run test test-slow lint bench format clean redis-server
+.PHONY: run test test-slow test-mooncake lint bench format clean redis-server
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,12 +27,23 @@ $(ENGINES): $(STAMP) requirements/engines.txt requirements/engine-deps.txt
 run: $(STAMP)
 	$(VENV)/bin/hicache bench tiering --config $(CONFIG)
 
+# -rs: every skip says why; the "ci" hypothesis profile draws the same examples
+# on every run, so a failure in CI reproduces (tests/conftest.py).
 test: $(STAMP) $(ENGINES) lint redis-server
-	$(PY) -m pytest
+	$(PY) -m pytest -rs --hypothesis-profile=ci
 
 # The redis backend tests run real servers; installs Debian's redis-server when missing.
 redis-server:
-	sh scripts/ensure-redis-server.sh
+	sh scripts/ensure-deb.sh redis-server redis-server
+
+# The optional Mooncake backend against a real mooncake_master and holder. Not in
+# `make test` (CI does not run it): its extra (a 46 MB wheel) and Debian's
+# libibverbs1 take over a minute to install on a fresh machine.
+test-mooncake: $(STAMP)
+	sh scripts/ensure-deb.sh libibverbs1
+	$(PY) -m pip freeze | grep -i '^torch==' > $(VENV)/torch-pin.txt
+	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e ".[mooncake]"
+	$(PY) -m pytest -rs tests -k mooncake
 
 # Long soak tests (damage fuzzing at many offsets, `make run` 20 times): not in CI.
 test-slow: $(STAMP)
