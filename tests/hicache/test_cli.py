@@ -119,13 +119,20 @@ def test_metrics_port_in_use_names_port_and_key(
 
 
 def test_the_wheel_ships_the_configs(tmp_path: Path) -> None:
-    """Built as users get it (a wheel), the package carries every config."""
+    """Built as users get it (a wheel), the package carries every config. The build
+    runs on a copy: setuptools writes build/ and *.egg-info next to the sources."""
+    import shutil
     import subprocess
     import zipfile
 
+    source = tmp_path / "src"
+    skip = shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*cache", "bench-out", "tests"
+    )
+    shutil.copytree(REPO, source, symlinks=True, ignore=skip)
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     subprocess.run(
-        [*cmd, "--quiet", "-w", str(tmp_path), str(REPO)],
+        [*cmd, "--quiet", "-w", str(tmp_path), str(source)],
         check=True,
         timeout=240,
         capture_output=True,

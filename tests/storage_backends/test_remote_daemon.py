@@ -20,7 +20,7 @@ from storage_backends import StorageConfig, create
 from storage_backends.remote import RemoteBackend
 from tests.polling import wait_until
 
-DAEMON_CONFIG = Path("configs/daemon.toml")
+DAEMON_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "daemon.toml"
 PAGE = 8192
 RECOVERY_S = 30.0  # bound on waiting for the breaker to let a probe through again
 
