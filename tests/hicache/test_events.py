@@ -1,9 +1,8 @@
-"""KV events over a real socket, decoded by each peer project's own Structs."""
+"""KV events over a real socket, decoded by each engine release's own Structs (from its wheel)."""
 
 from __future__ import annotations
 
 import struct
-import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,16 +17,12 @@ from hicache.events import ZmqEventPublisher
 from hicache.hashing import page_keys
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
-from tests.hicache.kv_event_peers import sglang_main, vllm_0_28, vllm_main
+from tests.hicache.kv_event_peers import SGLANG, VLLM, PeerStructs, load
 from tests.hicache.kv_event_peers.subscriber import Receiver
 
-# (format, the peer module whose Structs decode it, that peer's namespace field)
-PEERS = [
-    ("vllm", vllm_0_28, "lora_name"),
-    ("vllm", vllm_main, "lora_name"),
-    ("sglang", sglang_main, "cache_salt"),
-]
-PEER_IDS = ["vllm-0.28", "vllm-main", "sglang-main"]
+# (format, the release whose Structs decode it, that release's namespace field)
+PEERS = [("vllm", VLLM, "lora_name"), ("sglang", SGLANG, "cache_salt")]
+PEER_IDS = [VLLM, SGLANG]
 
 
 def seq(tag: int, n: int) -> list[int]:
@@ -50,7 +45,7 @@ def with_events(
 class Tiers:
     """What a router rebuilds from the events: block hashes per medium."""
 
-    def __init__(self, peer: types.ModuleType, names: dict[str, str]) -> None:
+    def __init__(self, peer: PeerStructs, names: dict[str, str]) -> None:
         self.peer, self.names = peer, names  # hicache tier -> the peer's medium name
         self.media: dict[str, set[int]] = {}
         self.ever: set[int] = set()
@@ -98,10 +93,11 @@ def run_workload(cache: HiRadixCache, tiers: Tiers, receiver: Receiver) -> list[
     return seen
 
 
-@pytest.mark.parametrize(("wire", "peer", "ns_field"), PEERS, ids=PEER_IDS)
+@pytest.mark.parametrize(("wire", "release", "ns_field"), PEERS, ids=PEER_IDS)
 def test_peer_decodes_every_batch_of_a_workload(
-    tmp_path: Path, wire: str, peer: types.ModuleType, ns_field: str
+    tmp_path: Path, wire: str, release: str, ns_field: str
 ) -> None:
+    peer = load(release)
     store = StorageConfig(backend="lmdb", path=str(tmp_path / "store"), max_bytes=64 << 20)
     cache = with_events(wire, store=store)
     receiver = Receiver(cache, peer)
@@ -132,15 +128,16 @@ def test_storage_evictions_are_announced() -> None:
     page_bytes = 4 * 2 * 2 * 2 * 4 * 4 + 56  # tokens × layers × K,V × heads × dim × fp32
     store = StorageConfig(backend="memory", max_bytes=6 * page_bytes)
     cache = with_events("sglang", store=store)
-    receiver = Receiver(cache, sglang_main)
+    sglang = load(SGLANG)
+    receiver = Receiver(cache, sglang)
     stored: set[int] = set()
     for tag in (1, 2, 3):
         serve(cache, seq(tag, 16))
         cache.drain()
         for e in receiver.receive():
-            if isinstance(e, sglang_main.BlockStored) and e.medium == "EXTERNAL":
+            if isinstance(e, sglang.BlockStored) and e.medium == "EXTERNAL":
                 stored.update(e.block_hashes)
-            elif isinstance(e, sglang_main.BlockRemoved) and e.medium == "EXTERNAL":
+            elif isinstance(e, sglang.BlockRemoved) and e.medium == "EXTERNAL":
                 stored.difference_update(e.block_hashes)
     assert cache.storage is not None
     every = [k for tag in (1, 2, 3) for k in page_keys(cache.fingerprint, None, seq(tag, 16), 4)]
@@ -186,14 +183,14 @@ def publish(pub: ZmqEventPublisher, n: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("wire", "peer", "topic_in_reply"),
+    ("wire", "release", "topic_in_reply"),
     [
-        ("vllm", vllm_0_28, True),
-        ("sglang", sglang_main, True),
+        ("vllm", VLLM, True),
+        ("sglang", SGLANG, True),
     ],
 )
 def test_replay_serves_missed_batches_from_a_bounded_buffer(
-    wire: str, peer: types.ModuleType, topic_in_reply: bool
+    wire: str, release: str, topic_in_reply: bool
 ) -> None:
     config = EventsConfig(
         "tcp://127.0.0.1:*", format=wire, replay_endpoint="tcp://127.0.0.1:*", replay_buffer=4
@@ -201,7 +198,7 @@ def test_replay_serves_missed_batches_from_a_bounded_buffer(
     pub = ZmqEventPublisher.from_config(config, "lmdb")
     publish(pub, 6)  # no subscriber: every batch is lost to PUB/SUB, kept for replay
     client = ReplayClient(pub.replay_endpoint)
-    decoder = msgspec.msgpack.Decoder(peer.KVEventBatch)
+    decoder = msgspec.msgpack.Decoder(load(release).KVEventBatch)
     try:
         replies = client.request([struct.pack(">Q", 3)])
         *batches, end = replies
