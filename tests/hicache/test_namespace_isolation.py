@@ -13,12 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from hicache.bench.processes import ServerProcess, start_daemon
 from hicache.cache import HiRadixCache
 from storage_backends import StorageConfig
-from tests.hicache.helpers import check_kv, fetch_from_storage, two_tier, write_kv
+from tests.hicache.helpers import serve, two_tier
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = 4
@@ -31,22 +30,10 @@ def kv_tokens(tokens: list[int], namespace: str | None) -> list[int]:
     return [t + 100_000 * SALT[namespace] for t in tokens]
 
 
-def serve_as(cache: HiRadixCache, tokens: list[int], namespace: str | None) -> tuple[int, int]:
-    """One request of ``namespace``: (tokens fetched from storage, tokens reused). The
-    reused KV is checked bit for bit against this namespace's own."""
-    fetched = fetch_from_storage(cache, tokens, namespace)
-    prefix, last, _ = cache.admit(cache.match_prefix(tokens, namespace))
-    cache.start_loading()
-    own = kv_tokens(tokens, namespace)
-    check_kv(cache, own, prefix)
-    n_new = len(tokens) - prefix.numel()
-    new = cache.alloc_device(n_new)
-    assert new is not None, "test pool too small"
-    write_kv(cache, own, prefix.numel(), new[:n_new])
-    cache.cache_finished_req(tokens, torch.cat([prefix, new[:n_new]]), last, namespace)
-    cache.poll()
-    cache.check_integrity()
-    return fetched, int(prefix.numel())
+def serve_as(cache: HiRadixCache, tokens: list[int], namespace: str | None) -> int:
+    """One request of ``namespace``: the tokens it reused, whose KV is checked bit for
+    bit against this namespace's own."""
+    return serve(cache, tokens, namespace, kv_ids=kv_tokens(tokens, namespace))
 
 
 def push_out(cache: HiRadixCache) -> None:
@@ -64,9 +51,9 @@ def cache_on(storage: StorageConfig) -> HiRadixCache:
 
 def write_both(cache: HiRadixCache) -> None:
     """Tenant a writes the tokens; tenant b finds nothing of a's and writes its own."""
-    assert serve_as(cache, TOKENS, "tenant-a") == (0, 0)
+    assert serve_as(cache, TOKENS, "tenant-a") == 0
     push_out(cache)
-    assert serve_as(cache, TOKENS, "tenant-b") == (0, 0)
+    assert serve_as(cache, TOKENS, "tenant-b") == 0
     push_out(cache)
 
 
@@ -76,10 +63,10 @@ def read_own(
     """Each writer prefetches its own pages; a namespace that wrote nothing gets none
     (and, served, writes its own)."""
     for namespace in writers:
-        assert serve_as(cache, TOKENS, namespace) == (len(TOKENS), len(TOKENS))
+        assert serve_as(cache, TOKENS, namespace) == len(TOKENS)
         push_out(cache)
     for stranger in strangers:
-        assert serve_as(cache, TOKENS, stranger) == (0, 0)
+        assert serve_as(cache, TOKENS, stranger) == 0
         push_out(cache)
 
 
@@ -106,9 +93,9 @@ def test_through_a_shared_daemon(daemon: ServerProcess) -> None:
     storage = StorageConfig(backend="remote", endpoint=daemon.endpoint, timeout_s=10.0)
     writer_a, writer_b = cache_on(storage), cache_on(storage)  # two engines, one daemon
     try:
-        assert serve_as(writer_a, TOKENS, "tenant-a") == (0, 0)
+        assert serve_as(writer_a, TOKENS, "tenant-a") == 0
         push_out(writer_a)
-        assert serve_as(writer_b, TOKENS, "tenant-b") == (0, 0)
+        assert serve_as(writer_b, TOKENS, "tenant-b") == 0
         push_out(writer_b)
     finally:
         writer_a.close()
