@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 
 # Public names, imported on first use so that `import hicache` stays cheap and
 # importing one subpackage never drags in the others.
@@ -20,6 +19,8 @@ __all__ = sorted(_EXPORTS)
 
 
 def _version() -> str:
+    import importlib.metadata  # slow to import (~30 ms): only when the version is asked for
+
     try:
         return importlib.metadata.version("hicache")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
