@@ -38,16 +38,14 @@ def sections(kind: str) -> tuple[str, ...]:
     return sections_of(CacheConfig)
 
 
-def config_kind(path: Path) -> str | None:
-    """``CACHE`` or ``DAEMON`` by the file's tables (None: neither, or unreadable)."""
+def fits(path: Path, kind: str) -> bool:
+    """Whether the file's tables are all tables of a ``kind`` config (False if unreadable).
+    Only ``kind``'s dataclasses are imported: the daemon's start never imports the cache's."""
     try:
         tables = set(read_toml(path))
     except (OSError, ValueError):
-        return None
-    for kind in (CACHE, DAEMON):
-        if tables <= set(sections(kind)) and not tables <= set(sections(_other(kind))):
-            return kind
-    return None
+        return False
+    return tables <= set(sections(kind))
 
 
 def _other(kind: str) -> str:
@@ -63,7 +61,7 @@ def shipped_configs(kind: str | None = None) -> list[str]:
     )
     if kind is None:
         return names
-    return [n for n in names if config_kind(_folder() / f"{n}{CONFIG_SUFFIX}") == kind]
+    return [n for n in names if fits(_folder() / f"{n}{CONFIG_SUFFIX}", kind)]
 
 
 def resolve_config(text: str, kind: str | None = None) -> Path:
@@ -80,7 +78,7 @@ def resolve_config(text: str, kind: str | None = None) -> Path:
                 f"(shipped: {', '.join(offered)})"
             )
         path = shipped
-    if kind is not None and config_kind(path) == _other(kind):
+    if kind is not None and not fits(path, kind) and fits(path, _other(kind)):
         raise ValueError(
             f"--config {text}: a {_other(kind)} config (for {RUN_BY[_other(kind)]}); this "
             f"command runs {kind} configs: {', '.join(shipped_configs(kind))} or a TOML file"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 import stat
+import sys
 from pathlib import Path
 
 import pytest
 
+from hicache.bench.processes import DAEMON_BANNER, ServerProcess, wait_ping
 from hicache.cli import main as hicache_main
 from hicache.daemon.cli import main as daemon_main
 from hicache.daemon.config import DaemonConfig
@@ -133,3 +135,28 @@ def test_serve_reports_a_busy_endpoint_and_exits_2(start_daemon, tmp_path: Path,
     argv += ["--endpoint", daemon.endpoint, "--store", str(tmp_path / "second")]
     assert daemon_main(argv) == 2
     assert "cannot listen" in capsys.readouterr().err
+
+
+def test_serve_and_stats_take_set_and_the_banner_says_metrics_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [sys.executable, "-m", "hicache.cli", "serve", "-v"]
+    for key in ("server.endpoint=tcp://127.0.0.1:0", "metrics.port=-1", "store.sync=false"):
+        argv += ["--set", key]
+    argv += ["--set", f"store.path={tmp_path / 'store'}"]
+    log = tmp_path / "daemon.log"
+    with ServerProcess(argv, DAEMON_BANNER, log) as server:
+        wait_ping(server.endpoint)
+        # No --connect: stats asks the daemon its config (here, --set) names.
+        assert hicache_main(["stats", "-v", "--set", f"server.endpoint={server.endpoint}"]) == 0
+        assert server.stop() == 0
+    assert "hicache_daemon_store_pages" in capsys.readouterr().out
+    banner = next(line for line in log.read_text().splitlines() if DAEMON_BANNER in line)
+    assert banner.endswith("(metrics off)"), banner
+    assert (tmp_path / "store").is_dir()
+
+
+def test_serve_refuses_a_bad_set_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert hicache_main(["serve", "--set", "store.memory_bytes=lots"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == 'hicache serve: --set store.memory_bytes: expected an integer, got "lots"'
