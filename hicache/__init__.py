@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 
+from hicache._version import __version__
+
 # Public names, imported on first use so that `import hicache` stays cheap and
 # importing one subpackage never drags in the others.
 _EXPORTS = {
@@ -15,21 +17,10 @@ _EXPORTS = {
     "extend_key": "hicache.radix_tree",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def _version() -> str:
-    import importlib.metadata  # slow to import (~30 ms): only when the version is asked for
-
-    try:
-        return importlib.metadata.version("hicache")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
-        return "0+unknown"
+__all__ = ["__version__", *sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> object:
-    if name == "__version__":
-        return _version()
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'hicache' has no attribute {name!r}")

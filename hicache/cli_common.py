@@ -11,6 +11,7 @@ import argparse
 import ast
 import errno
 import importlib.util
+import inspect
 import re
 import typing
 from collections.abc import Callable, Sequence
@@ -58,15 +59,24 @@ def first_line(doc: str | None) -> str:
     return text.splitlines()[0] if text else ""
 
 
+# A module's docstring: the first statement, after comments and blank lines.
+_DOCSTRING = re.compile(r'\A(?:[ \t]*(?:#[^\n]*)?\n)*[ \t]*[rR]?("""|\'\'\')(.*?)\1', re.S)
+
+
 def module_doc(module: str) -> str:
     """The docstring of ``module``, read from its source without importing it (a
-    benchmark's module imports torch; its one-line help should not)."""
+    benchmark's module imports torch; its one-line help should not) and without
+    parsing all of it."""
     spec = importlib.util.find_spec(module)
     origin = spec.origin if spec is not None else None
     if origin is None or not origin.endswith(".py"):
         return importlib.import_module(module).__doc__ or ""
     with open(origin, encoding="utf-8") as f:
-        return ast.get_docstring(ast.parse(f.read())) or ""
+        source = f.read()
+    found = _DOCSTRING.match(source)
+    if found is None:
+        return ast.get_docstring(ast.parse(source)) or ""
+    return inspect.cleandoc(ast.literal_eval(found.group(0).strip()))
 
 
 def verbose_parent() -> argparse.ArgumentParser:
