@@ -9,7 +9,6 @@ this module generates, so the table can never disagree with the code or with
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Iterator
 from importlib import resources
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hicache.config import CacheConfig, choice_fields
+from hicache.config_loader import keys_of
 
 BEGIN = "<!-- config-table:begin (generated: python -m hicache.config_doc --write README.md) -->"
 END = "<!-- config-table:end -->"
@@ -91,14 +91,9 @@ class FieldDoc(NamedTuple):
     meaning: str
 
 
-def config_keys(cls: type = CacheConfig, prefix: str = "") -> Iterator[str]:
-    """Every ``section.key``, in declaration order."""
-    for f in dataclasses.fields(cls):
-        nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        if isinstance(nested, type) and dataclasses.is_dataclass(nested):
-            yield from config_keys(nested, f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}"
+def config_keys(cls: type = CacheConfig) -> Iterator[str]:
+    """Every ``section.key``, in declaration order (as the loader knows them)."""
+    return keys_of(cls)
 
 
 def _value(config: CacheConfig, key: str) -> object:
