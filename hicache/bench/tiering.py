@@ -154,27 +154,36 @@ def tier_setups(config: CacheConfig, store_dir: Path) -> list[TierSetup]:
 
 
 def describe_setups(config: CacheConfig, setups: list[TierSetup]) -> str:
-    """What each row is, and where its tiers come from (the config or the bench)."""
-    lines = [f"rows (device pool {config.device.num_tokens:,} tokens in each):"]
-    for setup in setups:
-        lines.append(f"  {setup.name:<20}  {_tiers_text(config, setup.config)}")
+    """What each row is, and which of its tiers the bench chose because the config has none."""
+    lines = [
+        f"rows (each with the config's model, policies and device pool of "
+        f"{config.device.num_tokens:,} tokens):"
+    ]
+    lines += [f"  {s.name:<20}  {_tiers_text(s.config)}" for s in setups]
+    full = setups[-1].config
+    if full is not None and not config.host.enabled:
+        lines.append(
+            f"  the config has no host tier: the host rows use host.ratio {full.host.ratio}"
+        )
+    if full is not None and not config.storage.enabled:
+        lines.append(
+            f"  the config has no storage tier: the storage row uses {full.storage.backend}"
+        )
     return "\n".join(lines)
 
 
-def _tiers_text(config: CacheConfig, setup: CacheConfig | None) -> str:
+def _tiers_text(setup: CacheConfig | None) -> str:
     if setup is None:
         return "every token recomputed"
     parts = ["device"]
     if setup.host.enabled:
-        whose = "" if config.host.enabled else "; the config has no host tier"
-        size = f"{setup.host.size_gb} GB" if setup.host.size_gb else f"{setup.host.ratio}× device"
-        parts.append(f"host {size}{whose}")
+        h = setup.host
+        parts.append(f"host ({f'{h.size_gb} GB' if h.size_gb else f'{h.ratio}× the device pool'})")
     if setup.storage.enabled:
         s = setup.storage
         where = f" at {s.endpoint}" if s.endpoint else " in a temporary directory" * bool(s.path)
-        whose = "" if config.storage.enabled else "; the config has no storage tier"
-        parts.append(f"storage {s.backend}{where}{whose}")
-    return " + ".join(parts)
+        parts.append(f"storage ({s.backend}{where})")
+    return " + ".join(parts) if len(parts) > 1 else "device only"
 
 
 def serve(cache: HiRadixCache, req: TraceRequest) -> Served:

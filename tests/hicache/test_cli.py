@@ -189,9 +189,10 @@ def test_tiering_says_what_its_rows_are(tmp_path: Path, capsys: pytest.CaptureFi
     argv = ["bench", "tiering", "--config", "device-only", "--clients", "2", "--rounds", "1"]
     assert main([*argv, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "storage tier:" not in out
-    assert "host 2.0× device; the config has no host tier" in out
-    assert "storage lmdb in a temporary directory; the config has no storage tier" in out
+    assert "storage tier: lmdb" not in out  # the old, misleading line
+    assert "device+host+storage   device + host (2.0× the device pool) + storage (lmdb in a" in out
+    assert "the config has no host tier: the host rows use host.ratio 2.0" in out
+    assert "the config has no storage tier: the storage row uses lmdb" in out
 
 
 def _commands() -> list[tuple[str, argparse.ArgumentParser]]:
