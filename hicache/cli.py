@@ -1,4 +1,4 @@
-"""The hicache command line.
+"""hicache: a tiered KV cache for LLM inference (device, host and storage tiers).
 
 Every command takes -v (debug logging); those that read a config take
 --config NAME|PATH (a config shipped with the package, or a TOML file) and
@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
@@ -62,7 +64,12 @@ def overview() -> str:
         ("stats", first_line(daemon_cli.STATS_DOC)),
     ]
     width = max(len(name) for name, _ in leaves)
-    lines = [f"  hicache {name:<{width}}  {text}" for name, text in leaves]
+    indent = " " * (width + 12)
+    columns = max(shutil.get_terminal_size().columns - 2, len(indent) + 30)
+    lines = [
+        textwrap.fill(f"  hicache {name:<{width}}  {text}", columns, subsequent_indent=indent)
+        for name, text in leaves
+    ]
     return f"{first_line(__doc__)}\n\ncommands:\n" + "\n".join(lines) + "\n\n" + _rest_of_doc()
 
 
