@@ -42,6 +42,7 @@ import torch
 
 from hicache.bench.page_cache import DropResult, drop_page_cache
 from hicache.cache import HiRadixCache
+from hicache.cli_common import at_least
 from hicache.config import CacheConfig
 from hicache.engine import Engine, EngineOptions, ModelSpec, Request, TierHits, TinyLlama
 from storage_backends import StorageConfig
@@ -79,21 +80,31 @@ class Round(NamedTuple):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prefix-tokens", type=int, default=2048)
-    parser.add_argument("--suffix-tokens", type=int, default=32)
-    parser.add_argument("--hidden", type=int, default=768, help="model width")
-    parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--attention", choices=("mha", "mla"), default="mha")
-    parser.add_argument("--kv-lora-rank", type=int, default=128, help="MLA latent width")
-    parser.add_argument("--rope-dim", type=int, default=32, help="MLA rotary key width")
-    parser.add_argument("--repeat", type=int, default=5, help="timed rounds (p50/p90 over them)")
+    parser.add_argument(
+        "--prefix-tokens", type=at_least(1), default=2048, help="the shared prefix (tokens)"
+    )
+    parser.add_argument(
+        "--suffix-tokens", type=at_least(1), default=32, help="each request's own tail (tokens)"
+    )
+    parser.add_argument("--hidden", type=at_least(1), default=768, help="model width")
+    parser.add_argument("--vocab", type=at_least(1), default=4096, help="vocabulary size")
+    parser.add_argument(
+        "--attention", choices=("mha", "mla"), default="mha", help="attention (KV layout)"
+    )
+    parser.add_argument("--kv-lora-rank", type=at_least(1), default=128, help="MLA latent width")
+    parser.add_argument("--rope-dim", type=at_least(1), default=32, help="MLA rotary key width")
+    parser.add_argument(
+        "--repeat", type=at_least(1), default=5, help="timed rounds (p50/p90 over them)"
+    )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=at_least(1),
         help="torch CPU threads (default: torch's); 1 is steadier on a busy machine",
     )
     parser.add_argument("--dir", type=Path, help="scratch directory for LMDB (default: temp)")
-    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument(
+        "--json", type=Path, help="write the results as JSON here (default: print only)"
+    )
 
 
 def bench_config(config: CacheConfig, store: Path, min_tokens: int) -> CacheConfig:

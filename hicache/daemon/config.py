@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from hicache import config_loader
+from hicache.config_loader import Scalar
 from hicache.daemon.protocol import Limits
 
 _TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -138,22 +138,22 @@ class DaemonConfig:
         )
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> DaemonConfig:
-        """Load ``path``; ValueError (naming file and key) for bad content, OSError if
-        unreadable."""
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"{path}: invalid TOML: {e}") from None
-        try:
-            return cls.from_mapping(data)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{path}: {e}") from None
+    def from_toml(
+        cls, path: str | Path, overrides: Mapping[str, Scalar] | None = None
+    ) -> DaemonConfig:
+        """Load ``path`` and apply ``overrides`` (``"section.key" -> value``, as ``--set``):
+        ConfigError (a ValueError) naming the file or ``--set`` and the key for bad
+        content, OSError if unreadable."""
+        return cls.from_mapping(config_loader.read_toml(path), overrides, source=str(path))
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, object]) -> DaemonConfig:
-        return _build(cls, data, "")
+    def from_mapping(
+        cls,
+        data: Mapping[str, object],
+        overrides: Mapping[str, Scalar] | None = None,
+        source: str = "<config>",
+    ) -> DaemonConfig:
+        return config_loader.load(cls, data, source, overrides)
 
     def with_overrides(self, **sections: Mapping[str, object]) -> DaemonConfig:
         """A copy with fields replaced, e.g. ``with_overrides(store={"path": p})`` (validated)."""
@@ -163,39 +163,3 @@ class DaemonConfig:
             if values
         }
         return dataclasses.replace(self, **changes)
-
-
-def _build(cls: type, table: Mapping[str, object], prefix: str) -> typing.Any:
-    """Construct dataclass ``cls`` from a TOML table, checking names and scalar types."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - names)
-    _check(
-        not unknown,
-        f"{prefix}{unknown[0] if unknown else ''}",
-        f"unknown key; known: {sorted(names)}",
-    )
-    kwargs: dict[str, object] = {}
-    for name, value in table.items():
-        kind, key = hints[name], f"{prefix}{name}"
-        if dataclasses.is_dataclass(kind):
-            _check(isinstance(value, Mapping), key, "must be a table")
-            kwargs[name] = _build(kind, value, f"{key}.")  # type: ignore[arg-type]
-        elif typing.get_origin(kind) is tuple:
-            if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
-                raise ValueError(f"{key}: must be an array of tables")
-            item = typing.get_args(kind)[0]
-            kwargs[name] = tuple(_build(item, v, f"{key}.") for v in value)
-        else:
-            kwargs[name] = _scalar(value, kind, key)
-    return cls(**kwargs)
-
-
-def _scalar(value: object, kind: type, key: str) -> object:
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    wrong_bool = isinstance(value, bool) and kind is not bool
-    _check(
-        isinstance(value, kind) and not wrong_bool, key, f"expected {kind.__name__}, got {value!r}"
-    )
-    return value

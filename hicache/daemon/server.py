@@ -134,7 +134,8 @@ class DaemonServer:
         if self._config.server.ready_file:  # first: once the banner is logged, the file is there
             _write_ready_file(Path(self._config.server.ready_file), bound)
         # hicache.bench.processes reads the endpoint from this line: keep its wording.
-        logger.info("hicache daemon listening on %s (metrics port %s)", endpoint, port)
+        metrics_text = "metrics off" if port is None else f"metrics on {metrics.host}:{port}"
+        logger.info("hicache daemon listening on %s (%s)", endpoint, metrics_text)
         return bound
 
     def _configure_router(self) -> None:

@@ -3,7 +3,7 @@
 ``python -m hicache.engine [--config default|PATH] [--set section.key=value ...]``
 
 The store (lmdb, file) goes to ``storage.path``, or when that is empty to
-``$XDG_CACHE_HOME/hicache/store/<model>`` (else ``~/.cache/hicache/...``);
+``$XDG_CACHE_HOME/hicache/store/<fingerprint>`` (else ``~/.cache/hicache/...``);
 a second run says when it reuses what an earlier one stored.
 
 Between turns the cache is pushed down a tier in turn (``--evict cycle``):

@@ -51,7 +51,7 @@ def test_tiering_bench_runs_its_storage_row_on_redis(
         stored = sum(int(client.dbsize()) for client in clients)
         for client in clients:
             client.close()
-    assert "storage tier: redis" in capsys.readouterr().out
+    assert "+ storage (redis at redis://" in capsys.readouterr().out
     by = {c["name"]: c for c in json.loads((out / "tiering.json").read_text())["configs"]}
     assert by["device+host+storage"]["peak_bytes"]["storage"] > 0
     assert by["device+host+storage"]["hit_rate"] >= by["device"]["hit_rate"]
