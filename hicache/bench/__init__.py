@@ -79,6 +79,7 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
             ),
         ),
         "daemon": Benchmark("hicache.bench.daemon", reads=()),
+        "vllm": Benchmark("hicache.bench.vllm", reads=()),
     }
 )
 

@@ -192,7 +192,7 @@ class HicacheTier(SecondaryTierManager):
         self._runner = TierJobRunner(workers, self._failures, name=f"hicache-vllm-{tier_type}")
         self._lookup = _StoreLookup(self, tier_type)
         logger.info(
-            "HicacheTier %s: %s store, namespace %s",
+            "hicache tier %r: %s store, namespace %s",
             tier_type,
             self.storage_config.backend,
             self.namespace.describe(),
