@@ -17,7 +17,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -90,7 +90,7 @@ def measure(
     primary = PrimaryBuffer(2 * count, chunk)
     primary.array[:] = np.random.default_rng(0).integers(0, 256, primary.array.shape, np.uint8)
     spec = cpu_offloading_spec(chunk, 2 * count, model="bench/vllm")
-    configs = {"fs": {"type": "fs", "root_dir": str(root / "fs")}}
+    configs: dict[str, dict[str, object]] = {"fs": {"type": "fs", "root_dir": str(root / "fs")}}
     for target in targets:
         configs[target] = _tier_config(target, root, workers, stack)
     speeds: dict[tuple[str, str, int], float] = {}
@@ -165,7 +165,7 @@ def _batches(
     return [(keys[i : i + per_job], slots[i : i + per_job]) for i in range(0, len(keys), per_job)]
 
 
-def _timed(jobs: Callable[[], list[object]]) -> float:
+def _timed(jobs: Callable[[], Sequence[object]]) -> float:
     started = time.perf_counter()
     results = jobs()
     elapsed = time.perf_counter() - started

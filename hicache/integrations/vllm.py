@@ -204,7 +204,9 @@ class HicacheTier(SecondaryTierManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        found = self._failures.call("lookup", lambda: self._lookup.lookup(key, req_context), False)
+        found: bool | None = self._failures.call(
+            "lookup", lambda: self._lookup.lookup(key, req_context), False
+        )
         if found is None:
             return LookupResult.RETRY
         return LookupResult.HIT if found else LookupResult.MISS

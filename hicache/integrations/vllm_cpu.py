@@ -13,6 +13,7 @@ vLLM module still comes from the installed wheel, unchanged. On a vLLM server
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import itertools
@@ -50,14 +51,17 @@ class _StandIn(types.ModuleType):
         return type(name, (), {"__module__": self.__name__})
 
 
-class _StandInFinder:
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves the stand-in's submodules (``xgrammar.structural_tag``)."""
 
     def __init__(self, roots: tuple[str, ...]) -> None:
         self._roots = roots
 
     def find_spec(
-        self, name: str, path: object = None, target: object = None
+        self,
+        name: str,
+        path: Sequence[str] | None = None,
+        target: types.ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
         if name.split(".")[0] not in self._roots:
             return None
@@ -94,7 +98,7 @@ class PrimaryBuffer:
     def __init__(self, num_chunks: int, chunk_bytes: int) -> None:
         self._map = mmap.mmap(-1, num_chunks * chunk_bytes)
         self.array = np.frombuffer(self._map, dtype=np.uint8).reshape(num_chunks, chunk_bytes)
-        self.view = memoryview(self.array)
+        self.view = memoryview(self._map).cast("B", [num_chunks, chunk_bytes])
 
     def chunk(self, index: int) -> bytes:
         """A copy of chunk ``index``'s bytes."""
