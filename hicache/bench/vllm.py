@@ -52,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated: lmdb, daemon-ipc, daemon-tcp",
     )
     parser.add_argument("--workers", type=int, default=8, help="HicacheTier I/O threads")
+    parser.add_argument(
+        "--daemon-config",
+        default="daemon",
+        help="the daemon's config (shipped name or TOML; `daemon` fsyncs each commit)",
+    )
     parser.add_argument("--json", default="", help="also write the rows to this JSON file")
 
 
@@ -73,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             Path(args.dir) if args.dir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         )
         root.mkdir(parents=True, exist_ok=True)
-        rows = measure(root, chunk, args.chunks, targets, args.workers, stack)
+        rows = measure(root, chunk, args.chunks, targets, args.workers, args.daemon_config, stack)
     report(rows, chunk)
     if args.json:
         Path(args.json).write_text(json.dumps([r._asdict() for r in rows], indent=2))
@@ -81,7 +86,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(
-    root: Path, chunk: int, count: int, targets: list[str], workers: int, stack: ExitStack
+    root: Path,
+    chunk: int,
+    count: int,
+    targets: list[str],
+    workers: int,
+    daemon_config: str,
+    stack: ExitStack,
 ) -> list[Row]:
     import numpy as np
 
@@ -92,7 +103,7 @@ def measure(
     spec = cpu_offloading_spec(chunk, 2 * count, model="bench/vllm")
     configs: dict[str, dict[str, object]] = {"fs": {"type": "fs", "root_dir": str(root / "fs")}}
     for target in targets:
-        configs[target] = _tier_config(target, root, workers, stack)
+        configs[target] = _tier_config(target, root, workers, daemon_config, stack)
     speeds: dict[tuple[str, str, int], float] = {}
     for per_job in JOB_SIZES:
         for name, config in configs.items():
@@ -106,7 +117,9 @@ def measure(
     ]
 
 
-def _tier_config(target: str, root: Path, workers: int, stack: ExitStack) -> dict[str, object]:
+def _tier_config(
+    target: str, root: Path, workers: int, daemon_config: str, stack: ExitStack
+) -> dict[str, object]:
     ours: dict[str, object] = {
         "type": "HicacheTier",
         "module_path": "hicache.integrations.vllm",
@@ -117,7 +130,7 @@ def _tier_config(target: str, root: Path, workers: int, stack: ExitStack) -> dic
     from hicache.bench.processes import start_daemon
 
     endpoint = f"ipc://{root}/daemon.sock" if target == "daemon-ipc" else "tcp://127.0.0.1:0"
-    server = stack.enter_context(start_daemon("daemon", root / f"{target}-store", endpoint))
+    server = stack.enter_context(start_daemon(daemon_config, root / f"{target}-store", endpoint))
     return {**ours, "hicache_config": "remote", "endpoint": server.endpoint}
 
 
