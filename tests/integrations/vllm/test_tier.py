@@ -10,9 +10,10 @@ import pytest
 from vllm.v1.kv_offload.base import LookupResult, Medium, ReqContext, ScheduleEndContext
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from hicache.bench.processes import ServerProcess
-from hicache.integrations.vllm import HicacheTier
+from hicache.integrations.vllm import HicacheTier, TierMetrics
 from hicache.integrations.vllm_cpu import (
     PrimaryBuffer,
     TierDriver,
@@ -40,9 +41,17 @@ def test_factory_loads_the_out_of_tree_tier(tmp_path: Path) -> None:
         assert tier.config_info() == {"hicache_backend": "lmdb"}
         assert "model_name=org/model" in tier.namespace.describe()
         assert not tier.has_pending_work()
+        assert tier.get_stats() is None  # nothing failed yet
     finally:
         tier.shutdown()
         tier.shutdown()  # idempotent
+
+
+def test_vllm_spec_sees_our_metrics_and_info_labels(tmp_path: Path) -> None:
+    """vLLM registers a tier's metrics and info labels from the spec's config."""
+    extra = {"secondary_tiers": [lmdb_tier(tmp_path / "db")]}
+    assert set(TierMetrics.DOCS) <= set(TieringOffloadingSpec.build_metric_definitions(extra))
+    assert "hicache_backend" in TieringOffloadingSpec.config_info_keys(extra)
 
 
 def test_unknown_key_is_one_clear_error(tmp_path: Path) -> None:
