@@ -87,6 +87,7 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
             ),
         ),
         "daemon": Benchmark("hicache.bench.daemon", reads=(), configs=DAEMON),
+        "vllm": Benchmark("hicache.bench.vllm", reads=()),
     }
 )
 
