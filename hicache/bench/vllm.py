@@ -22,6 +22,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from hicache.cli_common import at_least
+
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadKey
 
@@ -41,9 +43,11 @@ class Row(NamedTuple):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--chunk-kb", type=int, default=1024, help="bytes per chunk, in KiB")
     parser.add_argument(
-        "--chunks", type=int, default=128, help="chunks stored and loaded per job size"
+        "--chunk-kb", type=at_least(4), default=1024, help="bytes per chunk, in KiB"
+    )
+    parser.add_argument(
+        "--chunks", type=at_least(1), default=128, help="chunks stored and loaded per job size"
     )
     parser.add_argument("--dir", default="", help="where the stores go (default: a temp dir)")
     parser.add_argument(
@@ -51,13 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="lmdb,daemon-ipc,daemon-tcp",
         help="comma-separated: lmdb, daemon-ipc, daemon-tcp",
     )
-    parser.add_argument("--workers", type=int, default=8, help="HicacheTier I/O threads")
+    parser.add_argument("--workers", type=at_least(1), default=8, help="HicacheTier I/O threads")
     parser.add_argument(
         "--daemon-config",
         default="daemon",
         help="the daemon's config (shipped name or TOML; `daemon` fsyncs each commit)",
     )
-    parser.add_argument("--json", default="", help="also write the rows to this JSON file")
+    parser.add_argument(
+        "--json", default="", help="also write the rows to this JSON file (default: print only)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
