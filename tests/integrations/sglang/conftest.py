@@ -16,9 +16,6 @@ Fixtures start their servers themselves (a daemon through
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,34 +23,15 @@ import pytest
 
 from hicache.bench.processes import ServerProcess, start_daemon
 from hicache.daemon.auth import keygen
+from storage_backends.redis_cluster import (
+    ClusterOptions,
+    LocalRedisCluster,
+    RedisUnavailableError,
+    redis_server_binary,
+)
+from tests.integrations.sglang.sglang_import import enter_sglang
 
-
-def _enter_sglang_without_init() -> None:
-    if "sglang" in sys.modules:
-        return
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        return  # not installed: the tests importing it fail with a clear ImportError
-    package = types.ModuleType("sglang")
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__spec__ = spec
-    package.__file__ = spec.origin
-    sys.modules["sglang"] = package
-
-
-def _empty_triton_when_missing() -> None:
-    """SGLang's ``srt/utils/common.py`` (which SGLang's own ``HiCacheFile`` reaches
-    through its LRU evictor) imports ``triton`` at module level and uses it only
-    inside GPU kernels' functions. triton is a GPU compiler: without it, an empty
-    module stands in for it, so the import succeeds and nothing calls into it."""
-    if "triton" not in sys.modules and importlib.util.find_spec("triton") is None:
-        triton = types.ModuleType("triton")
-        triton.__path__ = []
-        sys.modules["triton"] = triton
-
-
-_enter_sglang_without_init()
-_empty_triton_when_missing()
+enter_sglang()
 
 StartDaemon = Callable[..., ServerProcess]
 
@@ -114,3 +92,17 @@ class CurveSetup:
 @pytest.fixture
 def curve_daemon(tmp_path: Path, daemon_factory: StartDaemon) -> CurveSetup:
     return CurveSetup(tmp_path, daemon_factory)
+
+
+@pytest.fixture(scope="module")
+def redis_endpoint() -> Iterator[str]:
+    """A one-master local Redis Cluster (skipped where redis-server is not installed)."""
+    if redis_server_binary() is None:
+        pytest.skip("redis-server is not installed (`make test` installs Debian's redis-server)")
+    cluster = LocalRedisCluster(ClusterOptions(masters=1))
+    try:
+        cluster.start()
+    except RedisUnavailableError as exc:
+        pytest.fail(f"the local redis cluster did not start: {exc}")
+    yield cluster.endpoint
+    cluster.stop()

@@ -133,9 +133,8 @@ class HostPool:
 
     def page_indices(self, pages: Sequence[int]) -> torch.Tensor:
         """Host indices (token slots) of whole pages, as SGLang's allocator hands them out."""
-        return torch.cat(
-            [torch.arange(p * self.page_size, (p + 1) * self.page_size) for p in pages]
-        ).to(torch.int64)
+        starts = torch.tensor(list(pages), dtype=torch.int64) * self.page_size
+        return (starts[:, None] + torch.arange(self.page_size)).reshape(-1)
 
     def fill(self, page: int, seed: int) -> None:
         """Deterministic content for one page (through SGLang's set_from_flat_data_page)."""
