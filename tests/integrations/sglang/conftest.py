@@ -23,13 +23,13 @@ import pytest
 
 from hicache.bench.processes import ServerProcess, start_daemon
 from hicache.daemon.auth import keygen
+from hicache.integrations.sglang_cpu import enter_sglang
 from storage_backends.redis_cluster import (
     ClusterOptions,
     LocalRedisCluster,
     RedisUnavailableError,
     redis_server_binary,
 )
-from tests.integrations.sglang.sglang_import import enter_sglang
 
 enter_sglang()
 

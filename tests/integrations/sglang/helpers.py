@@ -9,7 +9,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConf
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 from hicache.integrations.sglang import HicacheStorage
-from tests.integrations.sglang.sglang_code import HostPool
+from hicache.integrations.sglang_cpu import HostPool
 
 DYNAMIC = {
     "backend_name": "hicache",

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import sys
 
-from tests.integrations.sglang.sglang_import import enter_sglang
+from hicache.integrations.sglang_cpu import enter_sglang
 
 enter_sglang()
 
+from hicache.integrations.sglang_cpu import Controller, HostPool, chain_hashes  # noqa: E402
 from tests.integrations.sglang.helpers import ours, remote_extra  # noqa: E402
-from tests.integrations.sglang.sglang_code import Controller, HostPool, chain_hashes  # noqa: E402
 
 
 def main(endpoint: str, model: str, tp_rank: int, seed: int, pages: int) -> int:

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hicache.bench.processes import ServerProcess
+from hicache.integrations.sglang_cpu import Controller, HostPool, chain_hashes
 from tests.integrations.sglang.helpers import (
     lmdb_extra,
     ours,
@@ -29,7 +30,6 @@ from tests.integrations.sglang.helpers import (
     remote_extra,
     sglang_file,
 )
-from tests.integrations.sglang.sglang_code import Controller, HostPool, chain_hashes
 
 PAGE = 4
 PAGES = 6

@@ -17,6 +17,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 from hicache.bench.processes import ServerProcess
 from hicache.integrations.sglang import HicacheStorage
+from hicache.integrations.sglang_cpu import Controller, HostPool, chain_hashes
 from tests.integrations.sglang.helpers import (
     DYNAMIC,
     lmdb_extra,
@@ -24,7 +25,6 @@ from tests.integrations.sglang.helpers import (
     remote_extra,
     sglang_config,
 )
-from tests.integrations.sglang.sglang_code import Controller, HostPool, chain_hashes
 
 if TYPE_CHECKING:
     from tests.integrations.sglang.conftest import CurveSetup, StartDaemon

@@ -1,17 +1,29 @@
-"""SGLang's own code, run on CPU without the modules that need a GPU stack.
+"""SGLang's storage path on a CPU machine: for the adapter's tests and ``hicache bench sglang``.
 
-SGLang's host pools (``pool_host/mha.py``, ``mla.py``) and its cache
-controller (``managers/cache_controller.py``) import half of SGLang at module
-level (transformers, triton, CUDA kernels). Their storage-facing methods,
-though, are plain torch: ``init_kv_buffer``, ``get_data_page``,
-``get_dummy_flat_data_page``, ``set_from_flat_data_page``,
-``get_page_buffer_meta`` and the controller's ``_generic_page_get``,
-``_page_get_zero_copy``, ``_generic_page_set``, ``_page_set_zero_copy``,
-``_page_backup``, ``_storage_hit_query``. This module compiles exactly those
-definitions from the installed wheel's source files (so a test runs SGLang's
-real method bodies, and a change in a new release shows up here), binds them
-to small classes that carry the attributes they read, and supplies the few
-module globals they use (an allocator, a page-hash function, a logger).
+Two problems stand between a CPU machine with SGLang's wheel (installed
+``--no-deps``, as ``make test`` does) and SGLang's storage code:
+
+- ``import sglang`` runs ``sglang/__init__.py``, which loads SGLang's client
+  front-end (transformers, HF patches) that storage never uses;
+  ``enter_sglang()`` enters the package without running it (every submodule
+  still comes from the installed wheel, unchanged), and stands in an empty
+  module for ``triton`` (a GPU compiler that ``srt/utils/common.py`` imports
+  at module level and calls only inside GPU kernels) when it is missing.
+- SGLang's host pools (``pool_host/mha.py``, ``mla.py``) and its cache
+  controller (``managers/cache_controller.py``) import half of SGLang at
+  module level (transformers, CUDA kernels). Their storage-facing methods are
+  plain torch, though: ``init_kv_buffer``, ``get_data_page``,
+  ``get_dummy_flat_data_page``, ``set_from_flat_data_page``,
+  ``get_page_buffer_meta`` and the controller's ``_generic_page_get``,
+  ``_page_get_zero_copy``, ``_generic_page_set``, ``_page_set_zero_copy``,
+  ``_page_backup``, ``_storage_hit_query``. ``extract`` compiles exactly
+  those definitions from the installed wheel's source files, so ``HostPool``
+  and ``Controller`` run SGLang's real method bodies (a change in a new
+  release shows up here), with the few module globals they use supplied (a
+  CPU allocator, a page-hash function, a logger).
+
+On a GPU machine with SGLang fully installed, a server uses neither: it
+imports ``hicache.integrations.sglang`` itself.
 """
 
 from __future__ import annotations
@@ -21,19 +33,52 @@ import functools
 import hashlib
 import importlib.util
 import logging
+import sys
 import threading
 import time
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import STORAGE_BATCH_SIZE, HiCacheStorageExtraInfo
+
+
+def _enter_sglang_without_init() -> None:
+    if "sglang" in sys.modules:
+        return
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return  # not installed: importing it fails with a clear ImportError
+    package = types.ModuleType("sglang")
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__spec__ = spec
+    package.__file__ = spec.origin
+    sys.modules["sglang"] = package
+
+
+def _empty_triton_when_missing() -> None:
+    """SGLang's ``srt/utils/common.py`` (which SGLang's own ``HiCacheFile`` reaches
+    through its LRU evictor) imports ``triton`` at module level and uses it only
+    inside GPU kernels' functions. triton is a GPU compiler: without it, an empty
+    module stands in for it, so the import succeeds and nothing calls into it."""
+    if "triton" not in sys.modules and importlib.util.find_spec("triton") is None:
+        triton = types.ModuleType("triton")
+        triton.__path__ = []
+        sys.modules["triton"] = triton
+
+
+def enter_sglang() -> None:
+    """Make ``import sglang.srt...`` work on a CPU machine with the pinned wheel."""
+    _enter_sglang_without_init()
+    _empty_triton_when_missing()
+
 
 logger = logging.getLogger("sglang-code")
 
 
 def sglang_root() -> Path:
+    """The installed ``sglang`` package's directory."""
     spec = importlib.util.find_spec("sglang")
     assert spec is not None and spec.submodule_search_locations
     return Path(next(iter(spec.submodule_search_locations)))
@@ -52,7 +97,8 @@ def extract(
         body = cls.body
     defs = [n for n in body if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name in names]
     missing = set(names) - {d.name for d in defs}
-    assert not missing, f"{relpath}: {owner}.{sorted(missing)} not found in this SGLang release"
+    if missing:
+        raise ImportError(f"{relpath}: {owner}.{sorted(missing)} not in this SGLang release")
     future = ast.parse("from __future__ import annotations").body
     module = ast.Module(body=[*future, *defs], type_ignores=[])
     exec(compile(module, str(path), "exec"), namespace)
@@ -123,7 +169,7 @@ class HostPool:
         self.device, self.pin_memory, self.allocator = "cpu", False, None
         self.dcp_size, self.dcp_rank = 1, 0
         self._transfer_device = torch.device("cpu")
-        self.kv_buffer = methods.init_kv_buffer(self)
+        self.kv_buffer: torch.Tensor = self.init_kv_buffer()
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._methods, name)
@@ -174,6 +220,9 @@ def chain_hashes(tokens: Sequence[int], prior: str | None = None, page_size: int
 
 @functools.cache
 def _controller_class() -> tuple[type, type, type]:
+    enter_sglang()
+    from sglang.srt.mem_cache.hicache_storage import STORAGE_BATCH_SIZE, HiCacheStorageExtraInfo
+
     namespace: dict[str, Any] = {
         "torch": torch,
         "logger": logger,
@@ -237,6 +286,8 @@ class Controller:
         """SGLang's prefetch-IO thread: pages read into the host pool; the hit prefix."""
         op = self.PrefetchOperation("req", [], None, None)
         indices = self.storage_host_pool.page_indices(pages)
+        from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
+
         extra = HiCacheStorageExtraInfo(prefix_keys=None)
         count: int = self.page_get_func(op, hashes, indices, extra)
         return count
