@@ -79,6 +79,7 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
             ),
         ),
         "daemon": Benchmark("hicache.bench.daemon", reads=()),
+        "sglang": Benchmark("hicache.bench.sglang", reads=()),
     }
 )
 
