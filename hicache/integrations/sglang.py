@@ -44,7 +44,6 @@ socket per thread) and staging buffers are per thread.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import threading
@@ -143,11 +142,6 @@ def _byte_view(tensor: torch.Tensor) -> memoryview:
     return view
 
 
-def _address_view(address: int, nbytes: int) -> memoryview:
-    """A writable byte view of ``nbytes`` at ``address`` (inside the host pool)."""
-    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
-
-
 class _PageMeter:
     """Pages and GB/s per call, as SGLang's StorageMetrics wants (thread-safe)."""
 
@@ -201,6 +195,7 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._geometry: PageGeometry | None = None
         self._keyer: Keyer | None = None
         self._namespace = ""
+        self._pool_view: tuple[torch.Tensor, int, memoryview] | None = None
         self._backend: StorageBackend = open_backend(config)
         logger.info("hicache storage for SGLang: backend %s", config.backend)
 
@@ -345,52 +340,48 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
             "batch_set_v1 failed", lambda: self._set_v1(keys, host_indices), [False] * len(keys)
         )
 
-    def _page_starts(self, keys: Sequence[str], host_indices: torch.Tensor) -> list[int]:
+    def _check_indices(self, keys: Sequence[str], host_indices: torch.Tensor) -> PageGeometry:
         geometry = self._ready()[0]
         if host_indices.numel() != len(keys) * geometry.page_size:
             raise ValueError(
                 f"{len(keys)} keys need {len(keys) * geometry.page_size} host indices, "
                 f"got {host_indices.numel()}"
             )
-        starts: list[int] = host_indices[:: geometry.page_size].tolist()
-        return starts
+        return geometry
 
     def _get_v1(self, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
-        geometry, pool = self._ready()[0], self.mem_pool_host
-        starts = self._page_starts(keys, host_indices)
-        if geometry.zero_copy:
-            chunks = self._pool_chunks(host_indices, len(keys))
-            if len(chunks[0]) == 1:  # the page is one run of host memory: read into it
-                start = time.perf_counter()
-                hits = self._backend.get(self._keys(keys), [c[0] for c in chunks])
-                self._measure("prefetch", hits, start)
-                return hits
-        staging = self._staging(len(keys))
+        geometry = self._check_indices(keys, host_indices)
+        chunks = self._pool_chunks(host_indices, len(keys)) if geometry.zero_copy else []
+        if chunks and len(chunks[0]) == 1:  # each page is one run of host memory: read into it
+            views = [c[0] for c in chunks]
+        else:
+            views = self._staging(len(keys))
         start = time.perf_counter()
-        hits = self._backend.get(self._keys(keys), [_byte_view(page) for page in staging])
+        hits = self._backend.get(self._keys(keys), views)
         self._measure("prefetch", hits, start)
+        if chunks and len(chunks[0]) == 1:
+            return hits
+        starts: list[int] = host_indices[:: geometry.page_size].tolist()
         for i, hit in enumerate(hits):
-            if not hit:
-                continue
-            if geometry.zero_copy:
-                _scatter(_byte_view(staging[i]), chunks[i])
-            else:
-                pool.set_from_flat_data_page(starts[i], staging[i])
+            if hit and chunks:
+                _scatter(views[i], chunks[i])
+            elif hit:
+                flat = torch.frombuffer(views[i], dtype=torch.uint8).view(geometry.dtype)
+                self.mem_pool_host.set_from_flat_data_page(starts[i], flat)
         return hits
 
     def _set_v1(self, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
-        geometry, pool = self._ready()[0], self.mem_pool_host
-        starts = self._page_starts(keys, host_indices)
+        geometry = self._check_indices(keys, host_indices)
         if geometry.zero_copy:
             chunks = self._pool_chunks(host_indices, len(keys))
             if len(chunks[0]) == 1:
                 views = [c[0] for c in chunks]
             else:
                 staging = self._staging(len(keys))
-                views = [
-                    _gather(c, _byte_view(page)) for c, page in zip(chunks, staging, strict=True)
-                ]
+                views = [_gather(c, page) for c, page in zip(chunks, staging, strict=True)]
         else:
+            pool = self.mem_pool_host
+            starts: list[int] = host_indices[:: geometry.page_size].tolist()
             views = [_byte_view(pool.get_data_page(s, flat=True).contiguous()) for s in starts]
         start = time.perf_counter()
         stored = self._backend.put(self._keys(keys), views)
@@ -399,34 +390,42 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
 
     def _pool_chunks(self, host_indices: torch.Tensor, pages: int) -> list[list[memoryview]]:
         """Each page's runs of host memory, from SGLang's ``get_page_buffer_meta``,
-        checked to lie inside the pool's buffer and to add up to one flat page."""
+        as slices of the pool buffer's bytes, checked to lie inside it and to add
+        up to one flat page."""
         pool, geometry = self.mem_pool_host, self._ready()[0]
         ptrs, sizes = pool.get_page_buffer_meta(host_indices)
         if not ptrs or len(ptrs) != len(sizes) or len(ptrs) % pages:
             raise ValueError(f"get_page_buffer_meta gave {len(ptrs)} pointers for {pages} pages")
+        base, whole = self._pool_bytes()
         per_page = len(ptrs) // pages
-        buffer: torch.Tensor = pool.kv_buffer
-        low = buffer.data_ptr()
-        high = low + buffer.numel() * buffer.element_size()
         out: list[list[memoryview]] = []
         for p in range(pages):
             lo, hi = p * per_page, (p + 1) * per_page
-            run = list(zip(ptrs[lo:hi], sizes[lo:hi], strict=True))
+            run = [(ptr - base, size) for ptr, size in zip(ptrs[lo:hi], sizes[lo:hi], strict=True)]
             if sum(size for _, size in run) != geometry.nbytes or any(
-                ptr < low or ptr + size > high for ptr, size in run
+                offset < 0 or offset + size > len(whole) for offset, size in run
             ):
-                raise ValueError("get_page_buffer_meta points outside the host pool's page")
-            out.append([_address_view(ptr, size) for ptr, size in run])
+                raise ValueError("get_page_buffer_meta points outside the host pool's buffer")
+            out.append([whole[offset : offset + size] for offset, size in run])
         return out
 
-    def _staging(self, pages: int) -> list[torch.Tensor]:
+    def _pool_bytes(self) -> tuple[int, memoryview]:
+        """The host pool buffer's address and a byte view of all of it (cached)."""
+        buffer: torch.Tensor = self.mem_pool_host.kv_buffer
+        cached = self._pool_view
+        if cached is None or cached[0] is not buffer:
+            cached = (buffer, buffer.data_ptr(), _byte_view(buffer))
+            self._pool_view = cached
+        return cached[1], cached[2]
+
+    def _staging(self, pages: int) -> list[memoryview]:
         """This thread's flat pages (grown on demand, reused across calls)."""
-        geometry = self._ready()[0]
-        buf: torch.Tensor | None = getattr(self._local, "staging", None)
-        if buf is None or buf.numel() < pages * geometry.elements:
-            buf = torch.empty(pages * geometry.elements, dtype=geometry.dtype)
+        nbytes = self._ready()[0].nbytes
+        buf: memoryview | None = getattr(self._local, "staging", None)
+        if buf is None or len(buf) < pages * nbytes:
+            buf = memoryview(bytearray(pages * nbytes))
             self._local.staging = buf
-        return list(buf[: pages * geometry.elements].view(pages, geometry.elements))
+        return [buf[i * nbytes : (i + 1) * nbytes] for i in range(pages)]
 
     # --- what SGLang asks besides I/O -----------------------------------------------
 
