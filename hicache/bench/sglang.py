@@ -62,15 +62,24 @@ class Geometry:
 
 @dataclass(frozen=True)
 class Row:
+    """GB/s of wall time, and GB per CPU-second of the caller plus the daemon
+    (robust where other work shares the cores); both against the baseline."""
+
     target: str
     op: str
     pages_per_call: int
     gbps: float
     baseline_gbps: float
+    cpu_gbps: float = 0.0
+    baseline_cpu_gbps: float = 0.0
 
     @property
     def ratio(self) -> float:
         return self.gbps / self.baseline_gbps if self.baseline_gbps else 0.0
+
+    @property
+    def cpu_ratio(self) -> float:
+        return self.cpu_gbps / self.baseline_cpu_gbps if self.baseline_cpu_gbps else 0.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,11 +153,15 @@ def _timed(fn: Callable[[], int], expect: int) -> float:
 class _Target:
     """One storage object with a source pool (written from) and a target pool (read into)."""
 
-    def __init__(self, name: str, geometry: Geometry, root: Path, endpoint: str) -> None:
+    def __init__(
+        self, name: str, geometry: Geometry, root: Path, endpoint: str, daemon_pid: int = 0
+    ) -> None:
         self.name, self.geometry, self.v1 = name, geometry, name != BASELINE
+        self.daemon_pid = daemon_pid
         self.pool, self.dst = _pool(geometry, 1), _pool(geometry, 2)
         self.backend = _open(name, self.pool, root, endpoint)
         self.best: dict[tuple[str, int], float] = {}
+        self.best_cpu: dict[tuple[str, int], float] = {}
 
     def once(self, batch: int, seed: int) -> None:
         """Write fresh pages ``batch`` per call, then look them up and read them back."""
@@ -284,8 +297,8 @@ def measure(geometry: Geometry, root: Path, repeat: int) -> list[Row]:
         targets = [
             _Target(BASELINE, geometry, root, ""),
             _Target("lmdb (in-process)", geometry, root, ""),
-            _Target("daemon ipc://", geometry, root, on_ipc.endpoint),
-            _Target("daemon tcp://", geometry, root, on_tcp.endpoint),
+            _Target("daemon ipc://", geometry, root, on_ipc.endpoint, on_ipc.pid),
+            _Target("daemon tcp://", geometry, root, on_tcp.endpoint, on_tcp.pid),
         ]
         _run_targets(targets, repeat)
         for target in targets:
@@ -294,11 +307,12 @@ def measure(geometry: Geometry, root: Path, repeat: int) -> list[Row]:
         for _ in range(repeat):  # alternating, best of each
             shared = max(shared, _two_readers("daemon", geometry, root, on_ipc.endpoint))
             file_shared = max(file_shared, _two_readers(BASELINE, geometry, root, ""))
-    base = targets[0].best
+    base, base_cpu = targets[0].best, targets[0].best_cpu
     rows = [
-        Row(t.name, op, batch, gbps, base[(op, batch)])
+        Row(t.name, op, batch, gbps, base[key], t.best_cpu[key], base_cpu[key])
         for t in targets
-        for (op, batch), gbps in t.best.items()
+        for key, gbps in t.best.items()
+        for op, batch in [key]
     ]
     rows.append(Row("daemon ipc://, 2 processes", "get", 16, shared, file_shared))
     return rows
@@ -310,11 +324,16 @@ def _print(rows: Sequence[Row], geometry: Geometry) -> None:
         f"({geometry.layout}, {geometry.layers} layers × {geometry.heads} kv heads × "
         f"{geometry.head_dim} × {geometry.page_size} tokens, bf16); baseline: {BASELINE}"
     )
-    print(f"{'target':28} {'op':3} {'pages/call':>10} {'GB/s':>7} {'base GB/s':>10} {'ratio':>6}")
+    print("  GB/s: wall time; GB/cpu-s: per CPU-second of the caller and the daemon")
+    print(
+        f"{'target':28} {'op':3} {'pages/call':>10} {'GB/s':>7} {'base GB/s':>10} {'ratio':>6}"
+        f" {'GB/cpu-s':>9} {'base':>6} {'ratio':>6}"
+    )
     for r in rows:
         print(
             f"{r.target:28} {r.op:3} {r.pages_per_call:>10} {r.gbps:7.2f} "
-            f"{r.baseline_gbps:10.2f} {r.ratio:6.2f}"
+            f"{r.baseline_gbps:10.2f} {r.ratio:6.2f} {r.cpu_gbps:9.2f} "
+            f"{r.baseline_cpu_gbps:6.2f} {r.cpu_ratio:6.2f}"
         )
 
 
@@ -336,6 +355,9 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(root, ignore_errors=True)
     _print(rows, geometry)
     if args.json is not None:
-        data = [{**asdict(r), "ratio": round(r.ratio, 3)} for r in rows]
+        data = [
+            {**asdict(r), "ratio": round(r.ratio, 3), "cpu_ratio": round(r.cpu_ratio, 3)}
+            for r in rows
+        ]
         args.json.write_text(json.dumps(data, indent=2) + "\n")
     return 0
