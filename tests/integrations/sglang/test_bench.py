@@ -16,9 +16,13 @@ TINY = bench.Geometry(pages=4, page_size=4, layers=2, heads=1, head_dim=8, layou
 def test_each_target_reports_set_and_get(
     target: str, tmp_path: Path, shared_daemon: ServerProcess
 ) -> None:
-    figures = bench._run_target(target, TINY, tmp_path, shared_daemon.endpoint, repeat=1)
-    assert set(figures) == {(op, b) for op in ("set", "get") for b in bench.BATCHES}
-    assert all(gbps > 0 for gbps in figures.values())
+    pid = shared_daemon.pid if target == "daemon" else 0
+    one = bench._Target(target, TINY, tmp_path, shared_daemon.endpoint, pid)
+    bench._run_targets([one], repeat=1)
+    bench._close(one.backend)
+    expected = {(op, b) for op in ("set", "get") for b in bench.BATCHES}
+    assert set(one.best) == set(one.best_cpu) == expected
+    assert all(gbps > 0 for gbps in [*one.best.values(), *one.best_cpu.values()])
 
 
 def test_bench_is_registered() -> None:
