@@ -79,9 +79,12 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 
 
 class PageGeometry(NamedTuple):
-    """One SGLang page as stored: ``elements`` values of ``dtype``, ``nbytes`` bytes."""
+    """One SGLang page as stored: ``elements`` values of ``dtype``, ``nbytes`` bytes;
+    ``indices`` host indices per page (the logical page size: with DCP a rank's
+    physical page holds fewer tokens than the indices SGLang hands over)."""
 
     page_size: int
+    indices: int
     elements: int
     nbytes: int
     dtype: torch.dtype
@@ -212,8 +215,10 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
     def _register(self, pool: object) -> None:
         dummy: torch.Tensor = pool.get_dummy_flat_data_page()  # type: ignore[attr-defined]
         layout = str(getattr(pool, "layout", "layer_first"))
+        page_size = int(pool.page_size)  # type: ignore[attr-defined]
         geometry = PageGeometry(
-            page_size=int(pool.page_size),  # type: ignore[attr-defined]
+            page_size=page_size,
+            indices=int(getattr(pool, "logical_page_size", page_size)),
             elements=dummy.numel(),
             nbytes=dummy.numel() * dummy.element_size(),
             dtype=dummy.dtype,
@@ -342,9 +347,9 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
 
     def _check_indices(self, keys: Sequence[str], host_indices: torch.Tensor) -> PageGeometry:
         geometry = self._ready()[0]
-        if host_indices.numel() != len(keys) * geometry.page_size:
+        if host_indices.numel() != len(keys) * geometry.indices:
             raise ValueError(
-                f"{len(keys)} keys need {len(keys) * geometry.page_size} host indices, "
+                f"{len(keys)} keys need {len(keys) * geometry.indices} host indices, "
                 f"got {host_indices.numel()}"
             )
         return geometry
@@ -361,7 +366,7 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._measure("prefetch", hits, start)
         if chunks and len(chunks[0]) == 1:
             return hits
-        starts: list[int] = host_indices[:: geometry.page_size].tolist()
+        starts: list[int] = host_indices[:: geometry.indices].tolist()
         for i, hit in enumerate(hits):
             if hit and chunks:
                 _scatter(views[i], chunks[i])
@@ -381,7 +386,7 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
                 views = [_gather(c, page) for c, page in zip(chunks, staging, strict=True)]
         else:
             pool = self.mem_pool_host
-            starts: list[int] = host_indices[:: geometry.page_size].tolist()
+            starts: list[int] = host_indices[:: geometry.indices].tolist()
             views = [_byte_view(pool.get_data_page(s, flat=True).contiguous()) for s in starts]
         start = time.perf_counter()
         stored = self._backend.put(self._keys(keys), views)
