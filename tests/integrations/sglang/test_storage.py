@@ -284,3 +284,26 @@ def test_clear_and_v2_pools_refuse_without_raising(tmp_path: Path) -> None:
     assert backend.batch_get_v2([transfer]) == {"mamba": [False, False]}
     assert backend.batch_set_v2([transfer]) == {"mamba": [False, False]}
     backend.close()
+
+
+def test_namespace_reads_ranks_with_defaults() -> None:
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    from hicache.integrations.sglang import PageGeometry, namespace_fields
+
+    geometry = PageGeometry(4, 4, 128, 512, torch.bfloat16, "page_first", True)
+    mha = namespace_fields(sglang_config({}, tp_rank=1, tp_size=2), geometry)
+    assert (mha["tp_rank"], mha["tp_size"], mha["dtype"]) == (1, 2, "bfloat16")
+    assert "pp_rank" not in mha
+    pp = HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=1, pp_size=2, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=True, enable_storage_metrics=False, is_page_first_layout=True,
+        model_name="m",
+    )  # fmt: skip
+    mla = namespace_fields(pp, geometry)
+    assert "tp_rank" not in mla and (mla["pp_rank"], mla["pp_size"]) == (1, 2)
+
+    class OldConfig:  # an older release's config: fields missing
+        model_name = "m"
+
+    assert namespace_fields(OldConfig(), geometry)["tp_rank"] == 0  # type: ignore[arg-type]
