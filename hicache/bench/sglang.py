@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from hicache.cli_common import at_least
 from hicache.integrations.sglang_cpu import Controller, HostPool, chain_hashes, enter_sglang
 
 BATCHES = (1, 4, 16)
@@ -84,24 +85,29 @@ class Row:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pages", type=int, default=64, help="pages per run")
-    parser.add_argument("--page-size", type=int, default=32, help="tokens per page")
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=1, help="per TP rank")
-    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--pages", type=at_least(1), default=64, help="pages per run")
+    parser.add_argument("--page-size", type=at_least(1), default=32, help="tokens per page")
+    parser.add_argument("--layers", type=at_least(1), default=32, help="model layers")
+    parser.add_argument("--kv-heads", type=at_least(1), default=1, help="KV heads per TP rank")
+    parser.add_argument("--head-dim", type=at_least(1), default=128, help="head dimension")
     parser.add_argument(
-        "--layout", choices=("page_first", "page_first_direct", "layer_first"), default="page_first"
+        "--layout",
+        choices=("page_first", "page_first_direct", "layer_first"),
+        default="page_first",
+        help="SGLang's host pool layout (--hicache-mem-layout)",
     )
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs; the best counts")
+    parser.add_argument("--repeat", type=at_least(1), default=3, help="timed runs; the best counts")
     parser.add_argument(
         "--torch-threads",
-        type=int,
+        type=at_least(1),
         default=1,
         help="torch intra-op threads (SGLang's page copies are torch ops; on a loaded "
         "machine more threads make every copy wait for a busy core)",
     )
     parser.add_argument("--dir", type=Path, help="scratch directory (default: a temp dir)")
-    parser.add_argument("--json", type=Path, help="write the rows as a JSON list here")
+    parser.add_argument(
+        "--json", type=Path, help="write the rows as a JSON list here (default: print only)"
+    )
 
 
 def _open(target: str, pool: HostPool, root: Path, endpoint: str) -> Any:
@@ -352,9 +358,9 @@ def _print(rows: Sequence[Row], geometry: Geometry) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    enter_sglang()
     torch.set_num_threads(args.torch_threads)
     try:
+        enter_sglang()
         import sglang.srt.mem_cache.hicache_storage  # noqa: F401
     except ImportError as exc:
         print(f"hicache bench sglang needs SGLang's wheel (pip install sglang --no-deps): {exc}")

@@ -29,6 +29,7 @@ imports ``hicache.integrations.sglang`` itself.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -37,7 +38,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,21 +58,34 @@ def _enter_sglang_without_init() -> None:
     sys.modules["sglang"] = package
 
 
-def _empty_triton_when_missing() -> None:
+@contextlib.contextmanager
+def _empty_triton_when_missing() -> Iterator[None]:
     """SGLang's ``srt/utils/common.py`` (which SGLang's own ``HiCacheFile`` reaches
     through its LRU evictor) imports ``triton`` at module level and uses it only
     inside GPU kernels' functions. triton is a GPU compiler: without it, an empty
-    module stands in for it, so the import succeeds and nothing calls into it."""
-    if "triton" not in sys.modules and importlib.util.find_spec("triton") is None:
-        triton = types.ModuleType("triton")
-        triton.__path__ = []
-        sys.modules["triton"] = triton
+    module stands in for it while that module is imported, then leaves
+    ``sys.modules`` again, so that torch (whose dynamo probes ``import triton``)
+    and every later import still see no triton."""
+    if "triton" in sys.modules or importlib.util.find_spec("triton") is not None:
+        yield
+        return
+    triton = types.ModuleType("triton")
+    triton.__path__ = []
+    sys.modules["triton"] = triton
+    try:
+        yield
+    finally:
+        if sys.modules.get("triton") is triton:
+            del sys.modules["triton"]
 
 
 def enter_sglang() -> None:
     """Make ``import sglang.srt...`` work on a CPU machine with the pinned wheel."""
     _enter_sglang_without_init()
-    _empty_triton_when_missing()
+    if "sglang" not in sys.modules:
+        return  # not installed: importing it fails with a clear ImportError
+    with _empty_triton_when_missing():
+        importlib.import_module("sglang.srt.utils.common")
 
 
 logger = logging.getLogger("sglang-code")
