@@ -24,7 +24,12 @@ from storage_backends.base import StorageStats
 from storage_backends.batch import check_batch, check_keys
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
-from storage_backends.errors import StorageClosedError, StorageOpenError, StoreDamagedError
+from storage_backends.errors import (
+    StorageClosedError,
+    StorageOpenError,
+    StorageWriteError,
+    StoreDamagedError,
+)
 from storage_backends.lmdb_check import check_store
 from storage_backends.page_format import (
     HEADER_BYTES,
@@ -463,6 +468,15 @@ class LmdbBackend:
         return _PutResult.STORED
 
     def delete(self, keys: Sequence[bytes]) -> int:
+        try:
+            return self.remove(keys)
+        except StorageWriteError:
+            logger.exception("LMDB delete of %d pages failed", len(keys))
+            return 0
+
+    def remove(self, keys: Sequence[bytes]) -> int:
+        """``delete`` for callers that must not acknowledge a failed delete (the daemon):
+        StorageWriteError when the transaction did not commit (nothing was removed)."""
         self._check_open()
         check_keys(keys)
         try:
@@ -472,8 +486,7 @@ class LmdbBackend:
                 writer.finish()
         except lmdb.Error as exc:
             _raise_if_damage(exc, self._config.path)
-            logger.exception("LMDB delete of %d pages failed", len(keys))
-            return 0
+            raise StorageWriteError(f"LMDB delete of {len(keys)} pages failed: {exc}") from exc
         self._counters.note_removed(writer.removed)
         self._counters.record_deletes(removed)
         return removed

@@ -44,6 +44,10 @@ class ServerConfig:
     max_inflight_bytes: int = 2 << 30
     ready_file: str = ""
     shutdown_timeout_s: float = 30.0
+    # GET replies handed to ZeroMQ but not yet taken by the client: a client over its
+    # share (or all clients over the total) gets BUSY instead of more pages.
+    max_queued_reply_bytes_per_peer: int = 256 << 20
+    max_queued_reply_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.endpoint)
@@ -58,6 +62,8 @@ class ServerConfig:
         _check(self.max_inflight_requests >= 1, "server.max_inflight_requests", "must be >= 1")
         _check(self.max_inflight_bytes >= 1, "server.max_inflight_bytes", "must be >= 1")
         _check(self.shutdown_timeout_s > 0, "server.shutdown_timeout_s", "must be > 0")
+        for name in ("max_queued_reply_bytes_per_peer", "max_queued_reply_bytes"):
+            _check(getattr(self, name) >= 1, f"server.{name}", "must be >= 1")
 
 
 @dataclass(frozen=True)

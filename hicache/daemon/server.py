@@ -40,6 +40,7 @@ from hicache.daemon.protocol import (
     decode_request,
     encode_reply,
 )
+from hicache.daemon.replies import ReplyBudget
 from hicache.daemon.store import DaemonStore, check_record, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
 from storage_backends.page_format import Verdict
@@ -112,6 +113,10 @@ class DaemonServer:
         self._writer: Writer | None = None
         self._in_flight = 0
         self._in_flight_bytes = 0
+        server = config.server
+        self._replies = ReplyBudget(
+            server.max_queued_reply_bytes_per_peer, server.max_queued_reply_bytes
+        )
         self._server = server_version()
 
     def _writer_stats(self) -> WriterStats:
@@ -164,6 +169,7 @@ class DaemonServer:
         poller.register(self._wake_in, zmq.POLLIN)
         while not self._stopping.is_set():
             events = dict(poller.poll(_POLL_MS))
+            self._replies.sweep()
             if self._wake_in in events:
                 self._deliver_writes()
             if self._router in events:
@@ -222,7 +228,7 @@ class DaemonServer:
         if request.op is Op.EXISTS:
             return ExistsReply(request.id, self._store.exists(keys))
         if request.op is Op.GET:
-            return self._get(request, keys)
+            return self._get(identity, request, keys)
         self._admit_write(request, nbytes)
         assert self._writer is not None
         self._writer.submit(
@@ -233,10 +239,16 @@ class DaemonServer:
         self._metrics.in_flight.set(self._in_flight)
         return None
 
-    def _get(self, request: Request, keys: tuple[bytes, ...]) -> GetReply:
-        # Replies are capped like requests, so a GET of many large pages cannot pile up memory.
-        lookup = self._store.get(keys, request.keys, self._limits.max_request_bytes)
+    def _get(self, identity: zmq.Frame, request: Request, keys: tuple[bytes, ...]) -> GetReply:
+        # Replies are capped like requests and by the room left for replies not yet taken
+        # by this peer (and all peers), so a client that never reads cannot pile up memory.
+        room = self._replies.room(identity.bytes)
+        if room <= 0:
+            raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
+        lookup = self._store.get(keys, request.keys, min(room, self._limits.max_request_bytes))
         pages = tuple(record for record in lookup.records if record is not None)
+        if lookup.truncated and not pages and room < self._limits.max_request_bytes:
+            raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
         misses = len(keys) - len(pages)
         self._metrics.lookups.labels(result="hit", tier="memory").inc(lookup.memory_hits)
         self._metrics.lookups.labels(result="hit", tier="store").inc(lookup.store_hits)
@@ -294,11 +306,18 @@ class DaemonServer:
         if op is not None:
             self._metrics.requests.labels(op=op.value).inc()
             self._metrics.latency.labels(op=op.value).observe(time.perf_counter() - start)
-        self._metrics.sent.inc(sum(len(frame) for frame in frames))
+        nbytes = sum(len(frame) for frame in frames)
+        self._metrics.sent.inc(nbytes)
+        track = isinstance(reply, GetReply) and bool(reply.pages)
         try:
-            self._router.send_multipart([identity, *frames], copy=False)
+            # A received frame cannot be re-sent tracked: the identity goes as bytes.
+            peer = identity.bytes if track else identity
+            tracker = self._router.send_multipart([peer, *frames], copy=False, track=track)
         except zmq.ZMQError as exc:
             logger.debug("reply not sent: %s", exc)
+            return
+        if tracker is not None:
+            self._replies.add(identity.bytes, tracker, nbytes)
 
     def close(self) -> bool:
         """Finish and answer queued writes, then close everything (idempotent; call it

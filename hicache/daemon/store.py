@@ -33,6 +33,7 @@ class Lookup(NamedTuple):
     records: list[Frame | None]
     memory_hits: int
     store_hits: int
+    truncated: bool  # later keys reported as misses because of the byte cap
 
 
 class StoreSize(NamedTuple):
@@ -47,10 +48,10 @@ class StoreSize(NamedTuple):
     store_capacity_bytes: int
 
 
-def _lookup(records: list[Frame | None], from_memory: list[bool]) -> Lookup:
+def _lookup(records: list[Frame | None], from_memory: list[bool], truncated: bool) -> Lookup:
     memory_hits = sum(r is not None and m for r, m in zip(records, from_memory, strict=True))
     store_hits = sum(r is not None for r in records) - memory_hits
-    return Lookup(records, memory_hits, store_hits)
+    return Lookup(records, memory_hits, store_hits, truncated)
 
 
 def check_record(record: Frame, key: bytes) -> Verdict:
@@ -113,8 +114,8 @@ class DaemonStore:
                 used += len(records[i] or b"")
                 if used > max_bytes:
                     records[i:] = [None] * (len(keys) - i)
-                    return _lookup(records, from_memory)
-        return _lookup(records, from_memory)
+                    return _lookup(records, from_memory, truncated=True)
+        return _lookup(records, from_memory, truncated=False)
 
     @staticmethod
     def _intact(record: bytes, client_key: bytes) -> bool:
@@ -137,11 +138,17 @@ class DaemonStore:
         return stored
 
     def delete(self, keys: Sequence[bytes]) -> int:
-        """Remove scoped keys from both tiers; return how many were present in either."""
+        """Remove scoped keys from both tiers; return how many were present in either.
+
+        LMDB first, then memory: the memory pop bumps the LRU's generation after the
+        delete committed, so a concurrent read-through that read the old page cannot
+        cache it again. Raises StorageWriteError (nothing deleted) if LMDB failed.
+        """
         unique = list(dict.fromkeys(keys))
-        present = [self._memory.pop(key) or self._lmdb.exists([key]) == 1 for key in unique]
-        self._lmdb.delete(unique)
-        return sum(present)
+        stored = {key for key in unique if self._lmdb.exists([key]) == 1}
+        self._lmdb.remove(unique)
+        cached = {key for key in unique if self._memory.pop(key)}
+        return len(stored | cached)
 
     def size(self) -> StoreSize:
         memory = self._memory.size()
