@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -26,6 +27,7 @@ from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import (
     StorageClosedError,
+    StorageError,
     StorageOpenError,
     StorageWriteError,
     StoreDamagedError,
@@ -171,6 +173,15 @@ class _Writer:
         self._txn.put(_META_BYTES_USED, _u64(self.bytes_used), db=self._dbs.meta)
 
 
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the store's ``data.mdb``, None if it is gone."""
+    try:
+        st = os.stat(path / "data.mdb")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _raise_if_damage(exc: lmdb.Error, path: str) -> None:
     if isinstance(exc, _DAMAGE_ERRORS):
         raise StoreDamagedError(f"LMDB store {path}: {type(exc).__name__}: {exc}") from exc
@@ -229,6 +240,31 @@ class LmdbBackend:
         self._lock = threading.Lock()
         self._touched: OrderedDict[bytes, None] = OrderedDict()
         self._closed = False
+        self._identity = _file_identity(Path(self._env.path()))
+        self._retired: list[lmdb.Environment] = []  # replaced by a reopen; closed at close()
+
+    def _reopen_if_replaced(self) -> bool:
+        """Reopen the store if its ``data.mdb`` was deleted or replaced since it was opened
+        (the caller holds the write lock), so no write is acknowledged into a file no one
+        can open again. False when it cannot be reopened: the write is then refused."""
+        path = Path(self._env.path())
+        if _file_identity(path) == self._identity:
+            return True
+        logger.error(
+            "LMDB store %s was deleted or replaced while open: its pages are gone; "
+            "opening a new store there",
+            path,
+        )
+        try:
+            env, dbs = self._open(prepare_store_dir(self._config))
+        except StorageError as exc:
+            logger.error("cannot reopen the LMDB store %s (%s); writes are refused", path, exc)
+            return False
+        self._retired.append(self._env)  # readers may still hold transactions on it
+        self._env, self._dbs = env, dbs
+        self._identity = _file_identity(path)
+        self._counters.record_quarantine()
+        return True
 
     def _quarantine(self, path: Path, damage: str) -> Path:
         """Move the damaged store aside, count it, and return the (new, empty) store path."""
@@ -394,6 +430,9 @@ class LmdbBackend:
         views = check_batch(keys, src, writable=False)
         with self._write_lock:
             self._check_open()
+            if not self._reopen_if_replaced():
+                self._counters.record_put(0, len(keys), 0)
+                return [False] * len(keys)
             outcome = self._write_with_retry(self._take_touched(), keys, views)
         self._counters.record_put(outcome.puts, outcome.failures, outcome.evictions)
         return outcome.results
@@ -480,10 +519,13 @@ class LmdbBackend:
         self._check_open()
         check_keys(keys)
         try:
-            with self._write_lock, self._env.begin(write=True, buffers=True) as txn:
-                writer = _Writer(txn, self._dbs)
-                removed = sum(writer.remove(key) for key in keys)
-                writer.finish()
+            with self._write_lock:
+                if not self._reopen_if_replaced():
+                    raise StorageWriteError(f"the LMDB store {self._config.path} is gone")
+                with self._env.begin(write=True, buffers=True) as txn:
+                    writer = _Writer(txn, self._dbs)
+                    removed = sum(writer.remove(key) for key in keys)
+                    writer.finish()
         except lmdb.Error as exc:
             _raise_if_damage(exc, self._config.path)
             raise StorageWriteError(f"LMDB delete of {len(keys)} pages failed: {exc}") from exc
@@ -511,3 +553,5 @@ class LmdbBackend:
                 self._flush_touches()
             finally:
                 self._env.close()
+                for env in self._retired:
+                    env.close()
