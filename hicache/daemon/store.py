@@ -19,6 +19,8 @@ logger = logging.getLogger(__name__)
 
 # GET keys read from LMDB per transaction, so a reply over its byte cap stops reading early.
 _READ_CHUNK = 16
+# Records smaller than this are copied before the memory tier keeps them (see _own).
+_COPY_BELOW = 64 << 10
 
 
 def scoped_key(tenant: str, key: bytes) -> bytes:
@@ -52,6 +54,12 @@ def _lookup(records: list[Frame | None], from_memory: list[bool], truncated: boo
     memory_hits = sum(r is not None and m for r, m in zip(records, from_memory, strict=True))
     store_hits = sum(r is not None for r in records) - memory_hits
     return Lookup(records, memory_hits, store_hits, truncated)
+
+
+def _own(record: Frame) -> Frame:
+    """A small record copied out of its received frame: ZeroMQ packs small frames into
+    shared receive buffers, and a view keeps the whole buffer alive (kilobytes per page)."""
+    return bytes(record) if len(record) < _COPY_BELOW else record
 
 
 def check_record(record: Frame, key: bytes) -> Verdict:
@@ -133,7 +141,7 @@ class DaemonStore:
         stored = self._lmdb.put(keys, views)
         for key, record, ok in zip(keys, records, stored, strict=True):
             if ok and key not in held:
-                self._memory.put(key, record)
+                self._memory.put(key, _own(record))
                 held.add(key)
         return stored
 
