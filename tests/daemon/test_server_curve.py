@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 import zmq.auth
 
 from hicache.daemon.auth import keygen
+from hicache.daemon.cli import main as daemon_main
 from hicache.daemon.protocol import DeleteReply, ExistsReply, Op, PingReply
+from storage_backends import StorageConfig, create
 
 from .conftest import daemon_toml, page_record
 
@@ -70,3 +73,20 @@ def test_tenants_see_only_their_own_pages(curve_daemon, connect) -> None:
     assert bob.get([private]) == [None]
     assert bob.call(Op.DELETE, [private]) == DeleteReply(bob._next_id, 0)
     assert alice.get([private]) == [page_record(private, 3)]
+
+
+def test_a_client_without_keys_is_told_about_curve(curve_daemon, caplog, capsys) -> None:
+    daemon, _ = curve_daemon
+    config = StorageConfig(backend="remote", endpoint=daemon.endpoint, timeout_s=NO_REPLY_WAIT_S)
+    backend = create("remote", config)
+    try:
+        with caplog.at_level(logging.WARNING, logger="storage_backends.remote"):
+            assert backend.exists([b"k" * 32]) == 0
+            assert backend.exists([b"k" * 32]) == 0
+    finally:
+        backend.close()
+    hints = [r for r in caplog.records if "storage.curve_server_key" in r.getMessage()]
+    assert len(hints) == 1, caplog.text  # once, on the first timeout
+    argv = ["stats", "--connect", daemon.endpoint, "--timeout", str(NO_REPLY_WAIT_S)]
+    assert daemon_main(argv) == 1
+    assert "--server-key" in capsys.readouterr().err
