@@ -86,6 +86,7 @@ class DaemonMetrics:
             f"{_PREFIX}_received_bytes", "bytes of requests received", registry=reg
         )
         self.sent = Counter(f"{_PREFIX}_sent_bytes", "bytes of replies sent", registry=reg)
+        self.peers = Gauge(f"{_PREFIX}_peers", "client connections open", registry=reg)
         self.in_flight = Gauge(
             f"{_PREFIX}_in_flight_requests", "writes waiting for their commit", registry=reg
         )

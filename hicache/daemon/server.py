@@ -24,6 +24,7 @@ import zmq
 from hicache.daemon.auth import DEFAULT_TENANT, CurveAuth
 from hicache.daemon.config import DaemonConfig, is_loopback
 from hicache.daemon.metrics import DaemonMetrics
+from hicache.daemon.peers import PeerGuard, raise_fd_limit
 from hicache.daemon.protocol import (
     DeleteReply,
     ErrorCode,
@@ -111,6 +112,7 @@ class DaemonServer:
         self._wake_in = self._context.socket(zmq.PULL)
         self._wake_out = self._context.socket(zmq.PUSH)
         self._writer: Writer | None = None
+        self._peers: PeerGuard | None = None
         self._in_flight = 0
         self._in_flight_bytes = 0
         server = config.server
@@ -125,6 +127,7 @@ class DaemonServer:
     def start(self) -> Bound:
         """Bind the socket (and metrics port), start the writer, write the ready file."""
         self._configure_router()
+        self._peers = PeerGuard(self._router, self._config.server.max_peers, raise_fd_limit())
         self._router.bind(_bind_address(self._config.server.endpoint))
         endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         wake = f"inproc://hicache-daemon-wake-{id(self)}"
@@ -149,6 +152,13 @@ class DaemonServer:
         sock.setsockopt(zmq.MAXMSGSIZE, 2 * self._limits.max_frame_bytes + 4096)
         sock.setsockopt(zmq.RCVHWM, self._config.server.max_inflight_requests)
         sock.setsockopt(zmq.LINGER, _LINGER_MS)
+        server = self._config.server
+        # Peers that vanished without a FIN, or connect and never handshake, give their fd back.
+        sock.setsockopt(zmq.HANDSHAKE_IVL, int(server.handshake_timeout_s * 1000))
+        if server.heartbeat_s > 0:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, int(server.heartbeat_s * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(3 * server.heartbeat_s * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TTL, int(3 * server.heartbeat_s * 1000))
         if self._auth is not None:
             self._auth.secure(sock)
 
@@ -167,9 +177,13 @@ class DaemonServer:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._wake_in, zmq.POLLIN)
+        if self._peers is not None:
+            poller.register(self._peers.socket, zmq.POLLIN)
         while not self._stopping.is_set():
             events = dict(poller.poll(_POLL_MS))
             self._replies.sweep()
+            if self._peers is not None and self._peers.socket in events:
+                self._metrics.peers.set(self._peers.handle().connected)
             if self._wake_in in events:
                 self._deliver_writes()
             if self._router in events:
@@ -333,6 +347,8 @@ class DaemonServer:
                 self._finish_write(done)
         self._wake_in.close(linger=0)
         self._wake_out.close(linger=0)
+        if self._peers is not None:
+            self._peers.close()
         self._router.close(linger=_LINGER_MS)
         if self._auth is not None:
             self._auth.stop()
