@@ -99,10 +99,16 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class TenantConfig:
-    """One allowed client: ``public_key`` is a z85 key (40 chars) or a key file from keygen."""
+    """One allowed client: ``public_key`` is a z85 key (40 chars) or a key file from keygen.
+
+    ``max_store_bytes`` > 0 gives the tenant a store of its own with that capacity (its
+    pages evict only its own); 0 keeps it in the shared store. ``admin`` lets its STATS
+    show the whole daemon; other tenants see their own figures only."""
 
     name: str
     public_key: str
+    max_store_bytes: int = 0
+    admin: bool = False
 
     def __post_init__(self) -> None:
         _check(
@@ -111,6 +117,7 @@ class TenantConfig:
             f"must match {_TENANT_NAME.pattern}, got {self.name!r}",
         )
         _check(bool(self.public_key), "auth.tenants.public_key", "must not be empty")
+        _check(self.max_store_bytes >= 0, "auth.tenants.max_store_bytes", "must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ class DaemonServer:
         self._auth: CurveAuth | None = None
         try:
             self._auth = CurveAuth(self._context, config.auth) if config.auth.curve else None
-            self._store = DaemonStore(config.store, config.limits.max_page_bytes)
+            self._store = DaemonStore(config.store, config.limits.max_page_bytes, _quotas(config))
         except BaseException:
             if self._auth is not None:
                 self._auth.stop()
@@ -119,6 +119,7 @@ class DaemonServer:
         self._replies = ReplyBudget(
             server.max_queued_reply_bytes_per_peer, server.max_queued_reply_bytes
         )
+        self._admins = {t.name for t in config.auth.tenants if t.admin}
         self._server = server_version()
 
     def _writer_stats(self) -> WriterStats:
@@ -207,6 +208,7 @@ class DaemonServer:
         try:
             request = decode_request([frame.buffer for frame in body], self._limits)
             tenant = self._tenant(body[0])
+            self._metrics.tenant_requests.labels(tenant=tenant, op=request.op.value).inc()
             reply = self._dispatch(identity, request, tenant, start, nbytes)
         except ProtocolError as exc:
             request_id = request.id if request is not None else exc.request_id
@@ -238,28 +240,38 @@ class DaemonServer:
         if request.op is Op.PING:
             return PingReply(request.id, self._server)
         if request.op is Op.STATS:
-            return StatsReply(request.id, self._metrics.snapshot())
+            return self._stats(request, tenant)
         if request.op is Op.EXISTS:
-            return ExistsReply(request.id, self._store.exists(keys))
+            return ExistsReply(request.id, self._store.exists(keys, tenant))
         if request.op is Op.GET:
-            return self._get(identity, request, keys)
+            return self._get(identity, request, keys, tenant)
         self._admit_write(request, nbytes)
         assert self._writer is not None
-        self._writer.submit(
-            WriteJob(request.op, keys, request.pages, _Pending(identity, request, start, nbytes))
-        )
+        pending = _Pending(identity, request, start, nbytes)
+        self._writer.submit(WriteJob(request.op, keys, request.pages, pending, tenant))
         self._in_flight += 1
         self._in_flight_bytes += nbytes
         self._metrics.in_flight.set(self._in_flight)
         return None
 
-    def _get(self, identity: zmq.Frame, request: Request, keys: tuple[bytes, ...]) -> GetReply:
+    def _stats(self, request: Request, tenant: str) -> StatsReply:
+        """The whole daemon's figures without CURVE or for an admin tenant, else the
+        tenant's own (its requests; its store's size when it has a quota)."""
+        if self._auth is None or tenant in self._admins:
+            return StatsReply(request.id, self._metrics.snapshot())
+        own = self._metrics.tenant_snapshot(tenant, self._store.tenant_size(tenant))
+        return StatsReply(request.id, own)
+
+    def _get(
+        self, identity: zmq.Frame, request: Request, keys: tuple[bytes, ...], tenant: str
+    ) -> GetReply:
         # Replies are capped like requests and by the room left for replies not yet taken
         # by this peer (and all peers), so a client that never reads cannot pile up memory.
         room = self._replies.room(identity.bytes)
         if room <= 0:
             raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
-        lookup = self._store.get(keys, request.keys, min(room, self._limits.max_request_bytes))
+        cap = min(room, self._limits.max_request_bytes)
+        lookup = self._store.get(keys, request.keys, cap, tenant)
         pages = tuple(record for record in lookup.records if record is not None)
         if lookup.truncated and not pages and room < self._limits.max_request_bytes:
             raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
@@ -359,6 +371,12 @@ class DaemonServer:
             logger.error("writer did not finish within the shutdown timeout")
         self._context.term()
         return finished
+
+
+def _quotas(config: DaemonConfig) -> dict[str, int]:
+    if not config.auth.curve:
+        return {}
+    return {t.name: t.max_store_bytes for t in config.auth.tenants if t.max_store_bytes > 0}
 
 
 def _write_ready_file(path: Path, bound: Bound) -> None:

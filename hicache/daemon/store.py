@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from hicache.daemon.config import StoreConfig
@@ -38,6 +39,15 @@ class Lookup(NamedTuple):
     truncated: bool  # later keys reported as misses because of the byte cap
 
 
+class TenantSize(NamedTuple):
+    """The store of one tenant that has a quota."""
+
+    store_entries: int
+    store_bytes: int
+    store_capacity_bytes: int
+    store_evictions: int
+
+
 class StoreSize(NamedTuple):
     memory_entries: int
     memory_bytes: int
@@ -48,6 +58,12 @@ class StoreSize(NamedTuple):
     store_corrupt: int
     store_put_failures: int
     store_capacity_bytes: int
+
+
+def tenant_store_path(path: str, tenant: str) -> str:
+    """Where the store of a tenant with a quota lives: beside the shared store (not inside
+    it, so a quarantine of one never moves the other)."""
+    return f"{path.rstrip('/')}.tenant-{tenant}"
 
 
 def _lookup(records: list[Frame | None], from_memory: list[bool], truncated: bool) -> Lookup:
@@ -77,7 +93,9 @@ class DaemonStore:
     Raises what the LmdbBackend raises on open (StorageOpenError).
     """
 
-    def __init__(self, config: StoreConfig, max_page_bytes: int) -> None:
+    def __init__(
+        self, config: StoreConfig, max_page_bytes: int, quotas: Mapping[str, int] | None = None
+    ) -> None:
         self._memory = ByteLRU(config.memory_bytes)
         path = config.path
         if not path:  # the per-user default, never the working directory
@@ -92,15 +110,35 @@ class DaemonStore:
             sync=config.sync,
         )
         self._lmdb = LmdbBackend(storage)
+        # A tenant with a quota has a store of its own beside the shared one, so that its
+        # pages are evicted only by its own writes and never evict anyone else's.
+        self._tenants: dict[str, LmdbBackend] = {}
+        try:
+            for tenant, quota in (quotas or {}).items():
+                own = dataclasses.replace(storage, path=tenant_store_path(path, tenant))
+                self._tenants[tenant] = LmdbBackend(dataclasses.replace(own, max_bytes=quota))
+        except BaseException:
+            self.close()
+            raise
 
-    def exists(self, keys: Sequence[bytes]) -> int:
+    def _lmdb_for(self, tenant: str | None) -> LmdbBackend:
+        return self._tenants.get(tenant, self._lmdb) if tenant is not None else self._lmdb
+
+    def exists(self, keys: Sequence[bytes], tenant: str | None = None) -> int:
         """How many leading (scoped) keys are present. Mutates nothing."""
+        lmdb = self._lmdb_for(tenant)
         for count, key in enumerate(keys):
-            if key not in self._memory and not self._lmdb.exists([key]):
+            if key not in self._memory and not lmdb.exists([key]):
                 return count
         return len(keys)
 
-    def get(self, keys: Sequence[bytes], client_keys: Sequence[bytes], max_bytes: int) -> Lookup:
+    def get(
+        self,
+        keys: Sequence[bytes],
+        client_keys: Sequence[bytes],
+        max_bytes: int,
+        tenant: str | None = None,
+    ) -> Lookup:
         """Records of scoped ``keys``; store hits are checked and then cached in memory.
 
         The records returned add up to at most ``max_bytes``: from the first key
@@ -110,10 +148,11 @@ class DaemonStore:
         from_memory = [record is not None for record in records]
         generation = self._memory.generation
         used = 0
+        lmdb = self._lmdb_for(tenant)
         for start in range(0, len(keys), _READ_CHUNK):
             chunk = range(start, min(start + _READ_CHUNK, len(keys)))
             missing = [i for i in chunk if records[i] is None]
-            stored = self._lmdb.read([keys[i] for i in missing]) if missing else []
+            stored = lmdb.read([keys[i] for i in missing]) if missing else []
             for i, record in zip(missing, stored, strict=True):
                 if record is not None and self._intact(record, client_keys[i]):
                     records[i] = record
@@ -133,19 +172,22 @@ class DaemonStore:
             logger.warning("stored record does not match its key (%s); reported a miss", verdict)
         return verdict is Verdict.OK
 
-    def put(self, keys: Sequence[bytes], records: Sequence[Frame]) -> list[bool]:
+    def put(
+        self, keys: Sequence[bytes], records: Sequence[Frame], tenant: str | None = None
+    ) -> list[bool]:
         """Commit records (one LMDB transaction), then cache them; per-key success."""
         views = [memoryview(record) for record in records]
+        lmdb = self._lmdb_for(tenant)
         # A key already held (or repeated in this batch) keeps its first page, as in LMDB.
-        held = {key for key in keys if key in self._memory or self._lmdb.exists([key]) == 1}
-        stored = self._lmdb.put(keys, views)
+        held = {key for key in keys if key in self._memory or lmdb.exists([key]) == 1}
+        stored = lmdb.put(keys, views)
         for key, record, ok in zip(keys, records, stored, strict=True):
             if ok and key not in held:
                 self._memory.put(key, _own(record))
                 held.add(key)
         return stored
 
-    def delete(self, keys: Sequence[bytes]) -> int:
+    def delete(self, keys: Sequence[bytes], tenant: str | None = None) -> int:
         """Remove scoped keys from both tiers; return how many were present in either.
 
         LMDB first, then memory: the memory pop bumps the LRU's generation after the
@@ -153,25 +195,38 @@ class DaemonStore:
         cache it again. Raises StorageWriteError (nothing deleted) if LMDB failed.
         """
         unique = list(dict.fromkeys(keys))
-        stored = {key for key in unique if self._lmdb.exists([key]) == 1}
-        self._lmdb.remove(unique)
+        lmdb = self._lmdb_for(tenant)
+        stored = {key for key in unique if lmdb.exists([key]) == 1}
+        lmdb.remove(unique)
         cached = {key for key in unique if self._memory.pop(key)}
         return len(stored | cached)
 
     def size(self) -> StoreSize:
+        """The memory tier and every store together."""
         memory = self._memory.size()
-        store = self._lmdb.stats()
+        stores = [self._lmdb.stats(), *(own.stats() for own in self._tenants.values())]
         return StoreSize(
             memory.entries,
             memory.bytes_used,
             memory.evictions,
-            store.entries,
-            store.bytes_used,
-            store.evictions,
-            store.corrupt,
-            store.put_failures,
-            store.capacity_bytes,
+            sum(store.entries for store in stores),
+            sum(store.bytes_used for store in stores),
+            sum(store.evictions for store in stores),
+            sum(store.corrupt for store in stores),
+            sum(store.put_failures for store in stores),
+            sum(store.capacity_bytes for store in stores),
         )
 
+    def tenant_size(self, tenant: str) -> TenantSize | None:
+        """The store of a tenant with a quota; None for a tenant in the shared store
+        (whose share of it is not known)."""
+        own = self._tenants.get(tenant)
+        if own is None:
+            return None
+        stats = own.stats()
+        return TenantSize(stats.entries, stats.bytes_used, stats.capacity_bytes, stats.evictions)
+
     def close(self) -> None:
+        for own in self._tenants.values():
+            own.close()
         self._lmdb.close()

@@ -133,10 +133,13 @@ class Daemon:
                 return int(line.split()[1]) * 1024
         raise AssertionError(f"no {field}")
 
-    def stat(self, client: Client, name: str) -> float:
+    def stat_map(self, client: Client) -> dict[str, float]:
         reply = client.call(Op.STATS)
         assert isinstance(reply, StatsReply), reply
-        return reply.stats[name]
+        return dict(reply.stats)
+
+    def stat(self, client: Client, name: str) -> float:
+        return self.stat_map(client)[name]
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -90,3 +90,61 @@ def test_a_client_without_keys_is_told_about_curve(curve_daemon, caplog, capsys)
     argv = ["stats", "--connect", daemon.endpoint, "--timeout", str(NO_REPLY_WAIT_S)]
     assert daemon_main(argv) == 1
     assert "--server-key" in capsys.readouterr().err
+
+
+@pytest.fixture
+def quota_daemon(start_daemon, tmp_path: Path):
+    """alice shares a 256 KiB store; bob has a 64 KiB store of his own; ops is an admin."""
+    keys = tmp_path / "keys"
+    for name in ("server", "alice", "bob", "ops"):
+        keygen(keys, name)
+    auth = f"""
+[auth]
+curve = true
+server_secret_key = "{keys / "server.key_secret"}"
+[[auth.tenants]]
+name = "alice"
+public_key = "{keys / "alice.key"}"
+[[auth.tenants]]
+name = "bob"
+public_key = "{keys / "bob.key"}"
+max_store_bytes = {64 << 10}
+[[auth.tenants]]
+name = "ops"
+public_key = "{keys / "ops.key"}"
+admin = true
+"""
+    config = daemon_toml(tmp_path / "store", memory_bytes=0)  # every GET reads the stores
+    config = config.replace(f"max_bytes = {64 << 20}", f"max_bytes = {256 << 10}")
+    return start_daemon(config + auth), keys
+
+
+def test_a_tenant_s_stats_are_its_own_and_an_admin_sees_all(quota_daemon, connect) -> None:
+    daemon, keys = quota_daemon
+    alice, bob, ops = (connect(daemon.endpoint, _curve(keys, n)) for n in ("alice", "bob", "ops"))
+    records = [page_record(bytes([i]) * 32, i, 1024) for i in range(8)]
+    assert alice.put([bytes([i]) * 32 for i in range(3)], records[:3]) == (True,) * 3
+    assert bob.put([bytes([i]) * 32 for i in range(3, 8)], records[3:]) == (True,) * 5
+    pages = "hicache_daemon_store_pages"
+    assert pages not in daemon.stat_map(alice)  # a shared store's share is not known
+    assert daemon.stat_map(alice)['hicache_daemon_requests_total{op="PUT"}'] == 1
+    assert daemon.stat_map(bob)[pages] == 5
+    assert daemon.stat_map(ops)[pages] == 8
+
+
+def test_a_tenant_over_its_quota_evicts_only_its_own_pages(quota_daemon, connect) -> None:
+    daemon, keys = quota_daemon
+    alice, bob = (
+        connect(daemon.endpoint, _curve(keys, "alice")),
+        connect(daemon.endpoint, _curve(keys, "bob")),
+    )
+    mine = [bytes([i]) * 32 for i in range(16)]
+    records = [page_record(key, i, 4096) for i, key in enumerate(mine)]
+    assert alice.put(mine, records) == (True,) * 16
+    for batch in range(16):  # 256 KiB from bob: four times his quota
+        flood = [bytes([batch, i]) * 16 for i in range(4)]
+        assert bob.put(flood, [page_record(k, 0, 4096) for k in flood]) == (True,) * 4
+    assert alice.get(mine) == records
+    bob_stats = daemon.stat_map(bob)
+    assert bob_stats["hicache_daemon_store_used_bytes"] <= 64 << 10
+    assert bob_stats['hicache_daemon_evictions_total{tier="store"}'] > 0
