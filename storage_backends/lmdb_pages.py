@@ -28,6 +28,7 @@ _HDR = 16
 _P_BRANCH, _P_LEAF, _P_OVERFLOW = 0x01, 0x02, 0x04
 _F_BIGDATA, _F_SUBDATA = 0x01, 0x02
 _P_INVALID = (1 << 64) - 1
+_NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size
 _DB = struct.Struct("<IHHQQQQQ")  # MDB_db: pad (page size in a meta), flags, depth, ..., root
 _META_DBS = 40  # offset of mm_dbs[FREE], mm_dbs[MAIN] in a meta page
 _META_LAST = _META_DBS + 2 * _DB.size  # mm_last_pg, then mm_txnid
@@ -55,8 +56,7 @@ class _Damage(Exception):
 
 class _Node(NamedTuple):
     flags: int
-    key: bytes
-    data_at: int  # file offset of the node's data
+    data_at: int  # file offset of the node's data (after its key)
     size: int  # data size (leaf) or child page (branch)
 
 
@@ -82,20 +82,26 @@ class _Walker:
             raise _Damage(f"page {pgno} has flags {flags:#x}, expected {kinds:#x}")
         return at
 
-    def _nodes(self, at: int) -> Iterator[_Node]:
+    def _nodes(self, at: int, leaf: bool) -> list[_Node]:
         lower, upper = struct.unpack_from("<HH", self._buf, at + 12)
         if not (_HDR <= lower <= upper <= self._psize and lower % 2 == 0):
             raise _Damage(f"page at {at} has bounds {lower}..{upper}")
-        for i in range((lower - _HDR) // 2):
-            (offset,) = struct.unpack_from("<H", self._buf, at + _HDR + 2 * i)
+        count = (lower - _HDR) // 2
+        nodes = []
+        for offset in struct.unpack_from(f"<{count}H", self._buf, at + _HDR):
             if not upper <= offset <= self._psize - 8:
-                raise _Damage(f"node {i} of the page at {at} starts outside it")
-            lo, hi, flags, ksize = struct.unpack_from("<HHHH", self._buf, at + offset)
-            start = at + offset + 8
-            if offset + 8 + ksize > self._psize:
-                raise _Damage(f"node {i} of the page at {at} has a key past the page")
-            key = bytes(self._buf[start : start + ksize])
-            yield _Node(flags, key, start + ksize, lo | hi << 16 | flags << 32)
+                raise _Damage(f"a node of the page at {at} starts outside it")
+            lo, hi, flags, ksize = _NODE.unpack_from(self._buf, at + offset)
+            data_at = at + offset + 8 + ksize
+            if leaf:
+                size = lo | hi << 16
+                end = data_at + (8 if flags & _F_BIGDATA else size)
+            else:
+                size, end = lo | hi << 16 | flags << 32, data_at
+            if end > at + self._psize:
+                raise _Damage(f"a node of the page at {at} runs past the page")
+            nodes.append(_Node(flags, data_at, size))
+        return nodes
 
     def tree(self, root: int, depth: int = 0) -> Iterator[_Node]:
         """Every leaf node of the tree at ``root`` (pages checked on the way)."""
@@ -105,17 +111,16 @@ class _Walker:
             raise _Damage("a tree is deeper than any LMDB tree")
         at = self._page(root, _P_BRANCH | _P_LEAF)
         (flags,) = struct.unpack_from("<H", self._buf, at + 10)
-        for node in self._nodes(at):
-            if flags & _P_BRANCH:
-                yield from self.tree(node.size, depth + 1)
-            else:
-                yield node._replace(size=node.size & 0xFFFFFFFF)
+        if not flags & _P_BRANCH:
+            yield from self._nodes(at, leaf=True)
+            return
+        for node in self._nodes(at, leaf=False):
+            yield from self.tree(node.size, depth + 1)
 
     def data(self, node: _Node) -> memoryview:
-        """A leaf node's data, following an overflow run (checked and marked used)."""
+        """A leaf node's data, following an overflow run (checked and marked used); its
+        bounds within its page were checked with the page."""
         if not node.flags & _F_BIGDATA:
-            if node.data_at + node.size > (node.data_at // self._psize + 1) * self._psize:
-                raise _Damage(f"a value at {node.data_at} runs past its page")
             return memoryview(self._buf)[node.data_at : node.data_at + node.size]
         (first,) = struct.unpack_from("<Q", self._buf, node.data_at)
         at = self._page(first, _P_OVERFLOW)
@@ -199,10 +204,11 @@ def walk_pages(buf: bytes | memoryview) -> PageWalk:
             if node.flags & _F_SUBDATA:  # a named database: its MDB_db record
                 record = walker.data(node)
                 if len(record) != _DB.size:
-                    raise _Damage(f"database record {node.key!r:.40} has {len(record)} bytes")
+                    raise _Damage(f"a database record at {node.data_at} has {len(record)} bytes")
                 for sub in walker.tree(_DB.unpack_from(record)[-1]):
-                    walker.data(sub)
-            else:
+                    if sub.flags & _F_BIGDATA:
+                        walker.data(sub)
+            elif node.flags & _F_BIGDATA:
                 walker.data(node)
         free = walker.free_list(free_root)
         walker.check_free(free)
