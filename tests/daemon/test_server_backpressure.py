@@ -7,8 +7,10 @@ import time
 import zmq
 
 from hicache.daemon.protocol import Op, PingReply, Request, encode_request
+from storage_backends import StorageConfig, create
+from storage_backends.page_format import HEADER_BYTES
 
-from .conftest import daemon_toml
+from .conftest import daemon_toml, page_key
 
 PAGE = 1 << 20
 PAGES = 40
@@ -53,3 +55,24 @@ def test_unread_replies_are_bounded_and_do_not_stall_others(
     assert busy > 0
     # Once the greedy client is gone its queue is released and GETs are served again.
     assert other.get(keys[:4]) == records[:4]
+
+
+def test_a_client_that_reads_gets_a_batch_larger_than_its_budget(start_daemon, tmp_path) -> None:
+    budget = 80 << 20  # above the remote backend's window of requests in flight
+    extra = f"max_queued_reply_bytes_per_peer = {budget}\n"
+    toml = daemon_toml(tmp_path / "store", extra, memory_bytes=PAGE, sync=False)
+    daemon = start_daemon(toml.replace(f"max_bytes = {64 << 20}", f"max_bytes = {256 << 20}"))
+    config = StorageConfig(backend="remote", endpoint=daemon.endpoint, timeout_s=30.0)
+    backend = create("remote", config)
+    count, size = 128, PAGE - HEADER_BYTES  # 128 MiB in one batch
+    keys = [page_key(i, "batch-") for i in range(count)]
+    try:
+        for start in range(0, count, 16):
+            src = [memoryview(bytes([i % 251]) * size) for i in range(start, start + 16)]
+            assert backend.put(keys[start : start + 16], src) == [True] * 16
+        dst = [memoryview(bytearray(size)) for _ in keys]
+        hits = backend.get(keys, dst)
+    finally:
+        backend.close()
+    assert sum(hits) == count
+    assert all(view[0] == i % 251 for i, view in enumerate(dst))
