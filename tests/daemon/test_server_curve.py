@@ -98,22 +98,10 @@ def quota_daemon(start_daemon, tmp_path: Path):
     keys = tmp_path / "keys"
     for name in ("server", "alice", "bob", "ops"):
         keygen(keys, name)
-    auth = f"""
-[auth]
-curve = true
-server_secret_key = "{keys / "server.key_secret"}"
-[[auth.tenants]]
-name = "alice"
-public_key = "{keys / "alice.key"}"
-[[auth.tenants]]
-name = "bob"
-public_key = "{keys / "bob.key"}"
-max_store_bytes = {64 << 10}
-[[auth.tenants]]
-name = "ops"
-public_key = "{keys / "ops.key"}"
-admin = true
-"""
+    tenants = {"alice": "", "bob": f"max_store_bytes = {64 << 10}", "ops": "admin = true"}
+    auth = f'[auth]\ncurve = true\nserver_secret_key = "{keys / "server.key_secret"}"\n'
+    for name, more in tenants.items():
+        auth += f'[[auth.tenants]]\nname = "{name}"\npublic_key = "{keys / name}.key"\n{more}\n'
     config = daemon_toml(tmp_path / "store", memory_bytes=0)  # every GET reads the stores
     config = config.replace(f"max_bytes = {64 << 20}", f"max_bytes = {256 << 10}")
     return start_daemon(config + auth), keys
