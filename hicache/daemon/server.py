@@ -3,7 +3,9 @@
 One thread owns the socket: it decodes each request, answers reads (PING,
 STATS, EXISTS, GET) at once from the store, and hands writes (PUT, DELETE) to
 the writer thread, replying when their commit is done. Every failure becomes an
-error reply; nothing a client sends can stop the loop.
+error reply; nothing a client sends can stop the loop. What a client can make
+the daemon hold is bounded: writes in flight, GET replies it has not read
+(``replies``), connections (``peers``).
 """
 
 from __future__ import annotations
@@ -341,6 +343,9 @@ class DaemonServer:
             tracker = self._router.send_multipart([peer, *frames], copy=False, track=track)
         except zmq.ZMQError as exc:
             logger.debug("reply not sent: %s", exc)
+            return
+        except Exception:  # a bug must not end the loop (the client then times out)
+            logger.exception("reply not sent")
             return
         if tracker is not None:
             self._replies.add(identity.bytes, tracker, nbytes)
