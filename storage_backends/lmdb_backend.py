@@ -242,6 +242,7 @@ class LmdbBackend:
         self._closed = False
         self._identity = _file_identity(Path(self._env.path()))
         self._retired: list[lmdb.Environment] = []  # replaced by a reopen; closed at close()
+        self._generation = 0  # environments replaced so far
 
     def _reopen_if_replaced(self) -> bool:
         """Reopen the store if its ``data.mdb`` was deleted or replaced since it was opened
@@ -260,11 +261,31 @@ class LmdbBackend:
         except StorageError as exc:
             logger.error("cannot reopen the LMDB store %s (%s); writes are refused", path, exc)
             return False
-        self._retired.append(self._env)  # readers may still hold transactions on it
-        self._env, self._dbs = env, dbs
-        self._identity = _file_identity(path)
+        self._swap(env, dbs)
         self._counters.record_quarantine()
         return True
+
+    def _swap(self, env: lmdb.Environment, dbs: _Dbs) -> None:
+        self._retired.append(self._env)  # readers may still hold transactions on it
+        self._env, self._dbs = env, dbs
+        self._identity = _file_identity(Path(env.path()))
+        self._generation += 1
+
+    @property
+    def generation(self) -> int:
+        """How often the environment was replaced (deleted store, ``replace_damaged``)."""
+        return self._generation
+
+    def replace_damaged(self, damage: str, generation: int) -> None:
+        """Move the store aside and go on in an empty one at the same path, for callers
+        without a ``GuardedBackend`` (the daemon). ``generation`` is what the failed call
+        saw: a store already replaced since is left alone. StorageOpenError if impossible."""
+        with self._write_lock:
+            self._check_open()
+            if generation != self._generation:
+                return
+            path = self._quarantine(Path(self._env.path()), damage)
+            self._swap(*self._open(path))
 
     def _quarantine(self, path: Path, damage: str) -> Path:
         """Move the damaged store aside, count it, and return the (new, empty) store path."""

@@ -5,18 +5,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple, TypeVar
 
 from hicache.daemon.config import StoreConfig
 from hicache.daemon.memory_lru import ByteLRU
 from hicache.daemon.protocol import Frame
 from storage_backends import StorageConfig
 from storage_backends.config import user_cache_dir
+from storage_backends.errors import StoreDamagedError
 from storage_backends.lmdb_backend import LmdbBackend
 from storage_backends.page_format import HEADER_BYTES, Verdict, check_header, validate
 
 logger = logging.getLogger(__name__)
+_R = TypeVar("_R")
 
 # GET keys read from LMDB per transaction, so a reply over its byte cap stops reading early.
 _READ_CHUNK = 16
@@ -88,6 +90,8 @@ class DaemonStore:
 
     Thread-safety: ``exists``/``get``/``size`` may run on any thread while one
     writer thread calls ``put``/``delete``; ``close`` once nothing else runs.
+    A store found damaged at run time is moved aside for an empty one and the
+    call is run there once more (a miss, or a write into the fresh store).
     The LRU caches only committed records. Records are stored in LMDB as the
     payload of an LMDB page, whose own checksum is verified on every read.
     Raises what the LmdbBackend raises on open (StorageOpenError).
@@ -124,9 +128,22 @@ class DaemonStore:
     def _lmdb_for(self, tenant: str | None) -> LmdbBackend:
         return self._tenants.get(tenant, self._lmdb) if tenant is not None else self._lmdb
 
+    def _guarded(self, tenant: str | None, call: Callable[[LmdbBackend], _R]) -> _R:
+        """Run ``call`` on the tenant's store; a store found damaged is moved aside for an
+        empty one (logged, counted) and ``call`` runs once more there."""
+        lmdb = self._lmdb_for(tenant)
+        generation = lmdb.generation
+        try:
+            return call(lmdb)
+        except StoreDamagedError as exc:
+            lmdb.replace_damaged(str(exc), generation)
+        return call(lmdb)
+
     def exists(self, keys: Sequence[bytes], tenant: str | None = None) -> int:
         """How many leading (scoped) keys are present. Mutates nothing."""
-        lmdb = self._lmdb_for(tenant)
+        return self._guarded(tenant, lambda lmdb: self._exists(lmdb, keys))
+
+    def _exists(self, lmdb: LmdbBackend, keys: Sequence[bytes]) -> int:
         for count, key in enumerate(keys):
             if key not in self._memory and not lmdb.exists([key]):
                 return count
@@ -144,11 +161,19 @@ class DaemonStore:
         The records returned add up to at most ``max_bytes``: from the first key
         that would exceed it, every later key is reported as a miss (and not read).
         """
+        return self._guarded(tenant, lambda lmdb: self._get(lmdb, keys, client_keys, max_bytes))
+
+    def _get(
+        self,
+        lmdb: LmdbBackend,
+        keys: Sequence[bytes],
+        client_keys: Sequence[bytes],
+        max_bytes: int,
+    ) -> Lookup:
         records: list[Frame | None] = [self._memory.get(key) for key in keys]
         from_memory = [record is not None for record in records]
         generation = self._memory.generation
         used = 0
-        lmdb = self._lmdb_for(tenant)
         for start in range(0, len(keys), _READ_CHUNK):
             chunk = range(start, min(start + _READ_CHUNK, len(keys)))
             missing = [i for i in chunk if records[i] is None]
@@ -176,8 +201,12 @@ class DaemonStore:
         self, keys: Sequence[bytes], records: Sequence[Frame], tenant: str | None = None
     ) -> list[bool]:
         """Commit records (one LMDB transaction), then cache them; per-key success."""
+        return self._guarded(tenant, lambda lmdb: self._put(lmdb, keys, records))
+
+    def _put(
+        self, lmdb: LmdbBackend, keys: Sequence[bytes], records: Sequence[Frame]
+    ) -> list[bool]:
         views = [memoryview(record) for record in records]
-        lmdb = self._lmdb_for(tenant)
         # A key already held (or repeated in this batch) keeps its first page, as in LMDB.
         held = {key for key in keys if key in self._memory or lmdb.exists([key]) == 1}
         stored = lmdb.put(keys, views)
@@ -194,8 +223,10 @@ class DaemonStore:
         delete committed, so a concurrent read-through that read the old page cannot
         cache it again. Raises StorageWriteError (nothing deleted) if LMDB failed.
         """
+        return self._guarded(tenant, lambda lmdb: self._delete(lmdb, keys))
+
+    def _delete(self, lmdb: LmdbBackend, keys: Sequence[bytes]) -> int:
         unique = list(dict.fromkeys(keys))
-        lmdb = self._lmdb_for(tenant)
         stored = {key for key in unique if lmdb.exists([key]) == 1}
         lmdb.remove(unique)
         cached = {key for key in unique if self._memory.pop(key)}

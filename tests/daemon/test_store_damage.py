@@ -104,3 +104,20 @@ def test_damaged_daemon_stores_take_writes_without_dying(tmp_path: Path) -> None
     results = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(results) == len(paths)
     assert all(r["wrong"] == 0 and r["stored"] == r["back"] == 20 for r in results), results
+
+
+def test_damage_found_while_running_is_quarantined(start_daemon, connect, pages, tmp_path) -> None:
+    daemon = start_daemon()
+    client = connect(daemon.endpoint)
+    daemon.wait_ping(client)
+    keys, records = pages(24, size=3000)
+    assert client.put(keys[:16], records[:16]) == (True,) * 16
+    data_mdb = tmp_path / "store" / "data.mdb"
+    root = walk_pages(data_mdb.read_bytes()).main_root
+    with open(data_mdb, "r+b") as f:  # the main tree's root becomes an overflow page
+        f.seek(root * mmap.PAGESIZE + 10)
+        f.write(struct.pack("<H", 0x04))
+    assert client.put(keys[16:], records[16:]) == (True,) * 8  # into a fresh store
+    assert client.get(keys[16:]) == records[16:]
+    assert daemon.alive() and "damaged" in daemon.log()
+    assert list(tmp_path.glob("store.damaged-*"))
