@@ -84,7 +84,7 @@ def test_damaged_daemon_stores_take_writes_without_dying(tmp_path: Path) -> None
     free = walk_pages(data).free
     rng = random.Random(7)
     paths = []
-    for case in range(24):
+    for case in range(12):
         buf = bytearray(data)
         for _ in range(rng.choice([1, 2, 4])):
             if case % 2:  # a free-list entry: a page a write would take
