@@ -94,6 +94,11 @@ DAEMON_MEANINGS: dict[str, str] = {
     "server.max_inflight_bytes": "bytes of those writes; more are answered BUSY",
     "server.ready_file": "JSON `{endpoint, metrics_port, pid}` written once bound; empty: none",
     "server.shutdown_timeout_s": "on SIGTERM, longest wait for in-flight writes to commit",
+    "server.max_queued_reply_bytes_per_peer": "GET replies one client has not read yet; over it, BUSY",
+    "server.max_queued_reply_bytes": "GET replies not read yet, all clients; over it, BUSY",
+    "server.max_peers": "connections at once; more are shut at once (kept under the fd limit)",
+    "server.heartbeat_s": "ZMTP heartbeat; a peer silent for 3 intervals is dropped; 0: off",
+    "server.handshake_timeout_s": "a connection that has not handshaken by then is dropped",
     "store.path": "LMDB directory; empty: `daemon-store` in the per-user cache directory",
     "store.max_bytes": "store capacity; least recently used pages go first",
     "store.memory_bytes": "memory LRU in front of LMDB",
@@ -106,7 +111,10 @@ DAEMON_MEANINGS: dict[str, str] = {
     "metrics.port": "Prometheus metrics over HTTP; -1: off, 0: OS-picked",
     "auth.curve": "CURVE encryption and client keys; each key is a tenant",
     "auth.server_secret_key": "the daemon's `.key_secret` file (`hicache keygen`)",
-    "auth.tenants": "`[[auth.tenants]]` tables: `name`, `public_key` (z85, or a `.key` file)",
+    "auth.tenants": (
+        "`[[auth.tenants]]` tables: `name`, `public_key` (z85, or a `.key` file),"
+        " `max_store_bytes` (0: the shared store), `admin` (STATS of the whole daemon)"
+    ),
 }
 
 

@@ -44,6 +44,13 @@ class ServerConfig:
     max_inflight_bytes: int = 2 << 30
     ready_file: str = ""
     shutdown_timeout_s: float = 30.0
+    # GET replies handed to ZeroMQ but not yet taken by the client: a client over its
+    # share (or all clients over the total) gets BUSY instead of more pages.
+    max_queued_reply_bytes_per_peer: int = 256 << 20
+    max_queued_reply_bytes: int = 1 << 30
+    max_peers: int = 4096  # connections beyond are shut at once (also kept under the fd limit)
+    heartbeat_s: float = 10.0  # ZMTP heartbeats; a peer silent for 3 intervals is dropped; 0: off
+    handshake_timeout_s: float = 10.0  # a connection that has not handshaken by then is dropped
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.endpoint)
@@ -58,6 +65,10 @@ class ServerConfig:
         _check(self.max_inflight_requests >= 1, "server.max_inflight_requests", "must be >= 1")
         _check(self.max_inflight_bytes >= 1, "server.max_inflight_bytes", "must be >= 1")
         _check(self.shutdown_timeout_s > 0, "server.shutdown_timeout_s", "must be > 0")
+        for name in ("max_queued_reply_bytes_per_peer", "max_queued_reply_bytes", "max_peers"):
+            _check(getattr(self, name) >= 1, f"server.{name}", "must be >= 1")
+        _check(self.heartbeat_s >= 0, "server.heartbeat_s", "must be >= 0")
+        _check(self.handshake_timeout_s > 0, "server.handshake_timeout_s", "must be > 0")
 
 
 @dataclass(frozen=True)
@@ -88,10 +99,16 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class TenantConfig:
-    """One allowed client: ``public_key`` is a z85 key (40 chars) or a key file from keygen."""
+    """One allowed client: ``public_key`` is a z85 key (40 chars) or a key file from keygen.
+
+    ``max_store_bytes`` > 0 gives the tenant a store of its own with that capacity (its
+    pages evict only its own); 0 keeps it in the shared store. ``admin`` lets its STATS
+    show the whole daemon; other tenants see their own figures only."""
 
     name: str
     public_key: str
+    max_store_bytes: int = 0
+    admin: bool = False
 
     def __post_init__(self) -> None:
         _check(
@@ -100,6 +117,7 @@ class TenantConfig:
             f"must match {_TENANT_NAME.pattern}, got {self.name!r}",
         )
         _check(bool(self.public_key), "auth.tenants.public_key", "must not be empty")
+        _check(self.max_store_bytes >= 0, "auth.tenants.max_store_bytes", "must be >= 0")
 
 
 @dataclass(frozen=True)
