@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from hicache.bench.provenance import provenance
+from hicache.bench.scratch import release_scratch
 from hicache.bench.workloads import (
     FewShotSpec,
     LongDocSpec,
@@ -293,6 +294,9 @@ def run(args: argparse.Namespace) -> int:
         assert full is not None
         print(f"storage tier: {full.storage.backend}")
         reports = [replay(s, trace) for s in setups]
+        cleaned = release_scratch(full.storage)
+        if cleaned:
+            print(cleaned)
     print_table(reports)
     by_name = {r.name: r for r in reports}
     gain = ratio(by_name["device+host+storage"].hit_rate, by_name["device"].hit_rate)
