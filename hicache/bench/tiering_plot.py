@@ -117,7 +117,8 @@ def _links(ax: Axes, reports: list[TierReport], look: dict[str, Style]) -> None:
 
 
 def _setup_ticks(ax: Axes, reports: list[TierReport], look: dict[str, Style], xs: range) -> None:
-    ax.set_xticks(xs, [r.name for r in reports], fontsize=8, rotation=15, ha="right")
+    names = [r.name.replace("+", "+\n") if len(r.name) > 12 else r.name for r in reports]
+    ax.set_xticks(xs, names, fontsize=8)
     for label, r in zip(ax.get_xticklabels(), reports, strict=True):
         label.set_color(look[r.name].colour)
         label.set_fontweight("bold")

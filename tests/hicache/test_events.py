@@ -18,7 +18,7 @@ from hicache.events import ZmqEventPublisher
 from hicache.hashing import page_keys
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
-from tests.hicache.kv_event_peers import sglang_main, vllm_0_28, vllm_main
+from tests.hicache.kv_event_peers import released, sglang_main, vllm_0_28, vllm_main
 from tests.hicache.kv_event_peers.subscriber import Receiver
 
 # (format, the peer module whose Structs decode it, that peer's namespace field)
@@ -28,6 +28,12 @@ PEERS = [
     ("sglang", sglang_main, "cache_salt"),
 ]
 PEER_IDS = ["vllm-0.28", "vllm-main", "sglang-main"]
+# The releases requirements/engines.txt pins, with the Structs of their installed wheels.
+for _wire, _ns in (("vllm", "lora_name"), ("sglang", "cache_salt")):
+    _released = released.load(_wire)
+    if _released is not None:
+        PEERS.append((_wire, _released, _ns))
+        PEER_IDS.append(f"{_wire}-{_released.VERSION}-wheel")
 
 
 def seq(tag: int, n: int) -> list[int]:

@@ -1,0 +1,72 @@
+"""examples/subscribe_events.py, as the README shows it, prints the events of a
+real cache; the README names the engine releases whose own Structs decode them."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hicache.cache import HiRadixCache
+from hicache.config import EventsConfig
+from hicache.events import ZmqEventPublisher
+from tests.hicache.helpers import serve, two_tier
+from tests.hicache.kv_event_peers import released
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "subscribe_events.py"
+
+
+def pinned() -> dict[str, str]:
+    """package -> version, from requirements/engines.txt."""
+    lines = (ROOT / "requirements" / "engines.txt").read_text().splitlines()
+    return dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
+
+
+def test_the_readme_shows_the_example_as_it_is() -> None:
+    readme = (ROOT / "README.md").read_text()
+    body = EXAMPLE.read_text().split('"""', 2)[2].strip()
+    assert body in readme
+    assert len([line for line in body.splitlines() if line.strip()]) <= 14
+
+
+@pytest.mark.parametrize("package", ["vllm", "sglang"])
+def test_the_readme_names_the_releases_the_tests_decode_with(package: str) -> None:
+    version = pinned()[package]
+    name = {"vllm": "vLLM", "sglang": "SGLang"}[package]
+    assert f"{name} {version}" in (ROOT / "README.md").read_text()
+    module = released.load(package)
+    if module is None:
+        pytest.skip(f"{package} is not installed (make test installs {package}=={version})")
+    assert module.VERSION == version  # tests/hicache/test_events.py decodes with this one
+
+
+def test_the_example_prints_a_real_cache_s_events() -> None:
+    base = two_tier(4, pages=16)
+    cfg = replace(base.config, events=EventsConfig(endpoint="tcp://127.0.0.1:*"))
+    base.close()
+    cache = HiRadixCache(cfg)
+    pub = cache.events
+    assert isinstance(pub, ZmqEventPublisher)
+    cmd = [sys.executable, str(EXAMPLE), pub.endpoint, "3"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert pub.wait_for_subscriber(30.0), "the example never subscribed"
+        serve(cache, list(range(8)))  # batch 0: stored on device
+        cache.drain()  # batch 1: stored on host (the backup)
+        cache.evict(10**9)
+        cache.poll()  # batch 2: removed from device (demoted)
+        assert pub.sequence == 3
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        cache.close()
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    assert re.match(r"0 BlockStored GPU \[-?\d+, -?\d+\]$", lines[0]), out
+    assert re.match(r"1 BlockStored CPU ", lines[1]), out
+    assert re.match(r"2 BlockRemoved GPU ", lines[2]), out
