@@ -42,7 +42,7 @@ def test_the_readme_names_the_releases_the_tests_decode_with(package: str) -> No
     module = released.load(package)
     if module is None:
         pytest.skip(f"{package} is not installed (make test installs {package}=={version})")
-    assert module.VERSION == version  # tests/hicache/test_events.py decodes with this one
+    assert version == module.VERSION  # tests/hicache/test_events.py decodes with this one
 
 
 def test_the_example_prints_a_real_cache_s_events() -> None:

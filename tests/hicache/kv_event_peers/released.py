@@ -11,6 +11,7 @@ when the release is not installed (``make test`` installs both).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import importlib.util
 import sys
@@ -23,26 +24,31 @@ _IMPORTS = frozenset({"__future__", "typing", "enum", "msgspec"})
 _BASES = ("msgspec.Struct", "enum.Enum")
 
 
+def _wanted(node: ast.stmt, classes: set[str]) -> bool:
+    """An import the event classes need, a ``MEDIUM_*`` constant, or an event class."""
+    if isinstance(node, ast.Import):
+        return all(a.name in _IMPORTS for a in node.names)
+    if isinstance(node, ast.ImportFrom):
+        return node.module in _IMPORTS
+    if isinstance(node, ast.Assign):
+        return all(isinstance(t, ast.Name) and t.id.startswith("MEDIUM_") for t in node.targets)
+    if isinstance(node, ast.ClassDef):
+        return bool({ast.unparse(b) for b in node.bases} & {*_BASES, *classes})
+    return False
+
+
 def _kept(tree: ast.Module) -> list[ast.stmt]:
     classes: set[str] = set()
     body: list[ast.stmt] = []
     for node in tree.body:
-        if isinstance(node, ast.Import) and all(a.name in _IMPORTS for a in node.names):
+        if _wanted(node, classes):
             body.append(node)
-        elif isinstance(node, ast.ImportFrom) and node.module in _IMPORTS:
-            body.append(node)
-        elif isinstance(node, ast.Assign) and all(
-            isinstance(t, ast.Name) and t.id.startswith("MEDIUM_") for t in node.targets
-        ):
-            body.append(node)
-        elif isinstance(node, ast.ClassDef):
-            bases = {ast.unparse(b) for b in node.bases}
-            if bases & {*_BASES, *classes}:
+            if isinstance(node, ast.ClassDef):
                 classes.add(node.name)
-                body.append(node)
     return body
 
 
+@functools.cache  # one module per release: msgspec resolves annotations by module name
 def load(package: str) -> types.ModuleType | None:
     """The release's event classes as a module with ``VERSION`` and ``MEDIA`` (the
     medium names it declares); None when ``package`` is not installed."""
