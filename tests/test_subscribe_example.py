@@ -56,11 +56,13 @@ def test_the_example_prints_a_real_cache_s_events() -> None:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert pub.wait_for_subscriber(30.0), "the example never subscribed"
-        serve(cache, list(range(8)))  # batch 0: stored on device
-        cache.drain()  # batch 1: stored on host (the backup)
+        serve(cache, list(range(8)))  # batch 0: stored on device (and host, if backed up yet)
+        cache.drain()  # stored on host, unless batch 0 said so already
         cache.evict(10**9)
-        cache.poll()  # batch 2: removed from device (demoted)
-        assert pub.sequence == 3
+        cache.poll()  # removed from device (demoted)
+        cache.evict_host(10**9)
+        cache.poll()  # removed from host
+        assert pub.sequence >= 3
         out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
@@ -68,5 +70,5 @@ def test_the_example_prints_a_real_cache_s_events() -> None:
     assert proc.returncode == 0, err
     lines = out.splitlines()
     assert re.match(r"0 BlockStored GPU \[-?\d+, -?\d+\]$", lines[0]), out
-    assert re.match(r"1 BlockStored CPU ", lines[1]), out
-    assert re.match(r"2 BlockRemoved GPU ", lines[2]), out
+    assert re.search(r"^[01] BlockStored CPU \[", out, re.M), out
+    assert re.search(r"^[12] BlockRemoved GPU \[", out, re.M), out
