@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 
 from hicache.bench.provenance import provenance
+from hicache.bench.scratch import release_scratch
 from hicache.bench.workloads import (
     FewShotSpec,
     LongDocSpec,
@@ -339,6 +340,9 @@ def run(args: argparse.Namespace) -> int:
         setups = tier_setups(config, Path(tmp) / "store")
         print(describe_setups(config, setups))
         reports = [replay(s, trace) for s in setups]
+        cleaned = release_scratch(full.storage)
+        if cleaned:
+            print(cleaned)
     print_table(reports)
     by_name = {r.name: r for r in reports}
     gain = ratio(by_name["device+host+storage"].hit_rate, by_name["device"].hit_rate)

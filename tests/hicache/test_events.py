@@ -235,3 +235,28 @@ def test_a_replay_endpoint_that_cannot_bind_is_a_clear_error() -> None:
             ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint=taken.endpoint)
     finally:
         taken.close()
+
+
+def test_an_any_port_endpoint_says_which_port_it_bound(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="hicache.events"):
+        cache = with_events()
+    try:
+        assert cache.events is not None
+        endpoint = cache.events.endpoint
+        host, _, port = endpoint.rpartition(":")
+        assert host == "tcp://127.0.0.1" and int(port) > 0
+        assert any(endpoint in r.getMessage() for r in caplog.records if r.levelname == "INFO")
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.connect(endpoint)  # what the log and the attribute name is where events come
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        assert isinstance(cache.events, ZmqEventPublisher)
+        assert cache.events.wait_for_subscriber(5.0)
+        serve(cache, seq(3, 8))
+        assert sub.poll(5000), "no batch arrived on the logged endpoint"
+        topic, _, _ = sub.recv_multipart()
+        assert topic == b"kv-events"
+        sub.close(0)
+        ctx.term()
+    finally:
+        cache.close()
