@@ -94,7 +94,7 @@ DAEMON_MEANINGS: dict[str, str] = {
     "server.max_inflight_bytes": "bytes of those writes; more are answered BUSY",
     "server.ready_file": "JSON `{endpoint, metrics_port, pid}` written once bound; empty: none",
     "server.shutdown_timeout_s": "on SIGTERM, longest wait for in-flight writes to commit",
-    "server.max_queued_reply_bytes_per_peer": "GET replies one client has not read yet; over it, BUSY",
+    "server.max_queued_reply_bytes_per_peer": "GET replies one client has not read; over it, BUSY",
     "server.max_queued_reply_bytes": "GET replies not read yet, all clients; over it, BUSY",
     "server.max_peers": "connections at once; more are shut at once (kept under the fd limit)",
     "server.heartbeat_s": "ZMTP heartbeat; a peer silent for 3 intervals is dropped; 0: off",

@@ -340,6 +340,8 @@ def run(args: argparse.Namespace) -> int:
         setups = tier_setups(config, Path(tmp) / "store")
         print(describe_setups(config, setups))
         reports = [replay(s, trace) for s in setups]
+        full = setups[-1].config  # the set-up with the storage tier
+        assert full is not None
         cleaned = release_scratch(full.storage)
         if cleaned:
             print(cleaned)
