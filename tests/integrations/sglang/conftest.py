@@ -24,12 +24,6 @@ import pytest
 from hicache.bench.processes import ServerProcess, start_daemon
 from hicache.daemon.auth import keygen
 from hicache.integrations.sglang_cpu import enter_sglang
-from storage_backends.redis_cluster import (
-    ClusterOptions,
-    LocalRedisCluster,
-    RedisUnavailableError,
-    redis_server_binary,
-)
 
 enter_sglang()
 
@@ -92,17 +86,3 @@ class CurveSetup:
 @pytest.fixture
 def curve_daemon(tmp_path: Path, daemon_factory: StartDaemon) -> CurveSetup:
     return CurveSetup(tmp_path, daemon_factory)
-
-
-@pytest.fixture(scope="module")
-def redis_endpoint() -> Iterator[str]:
-    """A one-master local Redis Cluster (skipped where redis-server is not installed)."""
-    if redis_server_binary() is None:
-        pytest.skip("redis-server is not installed (`make test` installs Debian's redis-server)")
-    cluster = LocalRedisCluster(ClusterOptions(masters=1))
-    try:
-        cluster.start()
-    except RedisUnavailableError as exc:
-        pytest.fail(f"the local redis cluster did not start: {exc}")
-    yield cluster.endpoint
-    cluster.stop()

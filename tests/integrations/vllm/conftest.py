@@ -22,12 +22,6 @@ import pytest
 
 from hicache.bench.processes import ServerProcess, start_daemon
 from hicache.integrations.vllm_cpu import enter_vllm
-from storage_backends.redis_cluster import (
-    ClusterOptions,
-    LocalRedisCluster,
-    RedisUnavailableError,
-    redis_server_binary,
-)
 
 enter_vllm()
 
@@ -47,17 +41,3 @@ def own_daemon(tmp_path: Path) -> Iterator[ServerProcess]:
     yield server
     if server.proc.poll() is None:
         server.kill()
-
-
-@pytest.fixture(scope="module")
-def redis_endpoint() -> Iterator[str]:
-    """A one-master local Redis Cluster (skipped where redis-server is not installed)."""
-    if redis_server_binary() is None:
-        pytest.skip("redis-server is not installed (`make test` installs Debian's redis-server)")
-    cluster = LocalRedisCluster(ClusterOptions(masters=1))
-    try:
-        cluster.start()
-    except RedisUnavailableError as exc:
-        pytest.fail(f"the local redis cluster did not start: {exc}")
-    yield cluster.endpoint
-    cluster.stop()
