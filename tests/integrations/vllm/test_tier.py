@@ -3,7 +3,6 @@ damage, a killed daemon, and vLLM's tiering manager end to end on CPU."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from hicache.integrations.vllm_cpu import (
     create_tier,
 )
 from tests.integrations.vllm.helpers import CHUNK, key, lmdb_tier, payload, remote_tier
+from tests.polling import wait_until
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 
@@ -134,18 +134,29 @@ def step(manager: TieringOffloadingManager) -> None:
         manager.on_schedule_end(ScheduleEndContext((), ()))
 
 
+def settled(manager: TieringOffloadingManager) -> bool:
+    """One scheduler tick (vLLM's manager moves jobs only when stepped); True once
+    no job is pending."""
+    step(manager)
+    return not manager.has_pending_work()
+
+
 def lookup_until_settled(
     manager: TieringOffloadingManager, k: bytes, ctx: ReqContext
 ) -> LookupResult:
     """vLLM's manager lookup, stepping the engine while it says RETRY/HIT_PENDING."""
-    deadline = time.monotonic() + 20
-    while True:
+    results: list[LookupResult] = []
+
+    def answered() -> bool:
         with manager.lock:
-            result = manager.lookup(k, ctx)  # type: ignore[arg-type]
-        if result in (HIT, MISS) or time.monotonic() > deadline:
-            return result
+            results.append(manager.lookup(k, ctx))  # type: ignore[arg-type]
+        if results[-1] in (HIT, MISS):
+            return True
         step(manager)
-        time.sleep(0.001)
+        return False
+
+    wait_until(answered, timeout_s=20, interval_s=0.001)
+    return results[-1]
 
 
 def test_tiering_manager_end_to_end(tmp_path: Path) -> None:
@@ -173,9 +184,7 @@ def test_tiering_manager_end_to_end(tmp_path: Path) -> None:
             view[int(chunk) * CHUNK : (int(chunk) + 1) * CHUNK] = payload(n)  # "GPU → CPU"
             with manager.lock:
                 manager.complete_store([key(n)], ctx)  # type: ignore[list-item]
-            while manager.has_pending_work():
-                step(manager)
-                time.sleep(0.001)
+            assert wait_until(lambda: settled(manager), timeout_s=20, interval_s=0.001)
         with manager.lock:
             manager.on_request_finished(ctx)
         assert tier.failure_counts() == {}
