@@ -127,8 +127,8 @@ def test_storage_evictions_are_announced() -> None:
     # A store of 6 pages: the second request's writes evict the first's pages.
     page_bytes = 4 * 2 * 2 * 2 * 4 * 4 + 56  # tokens × layers × K,V × heads × dim × fp32
     store = StorageConfig(backend="memory", max_bytes=6 * page_bytes)
+    sglang = load(SGLANG)  # first: a release that is not installed skips before any socket
     cache = with_events("sglang", store=store)
-    sglang = load(SGLANG)
     receiver = Receiver(cache, sglang)
     stored: set[int] = set()
     for tag in (1, 2, 3):
@@ -192,13 +192,14 @@ def publish(pub: ZmqEventPublisher, n: int) -> None:
 def test_replay_serves_missed_batches_from_a_bounded_buffer(
     wire: str, release: str, topic_in_reply: bool
 ) -> None:
+    # Loaded first: a release that is not installed skips before any socket is open.
+    decoder = msgspec.msgpack.Decoder(load(release).KVEventBatch)
     config = EventsConfig(
         "tcp://127.0.0.1:*", format=wire, replay_endpoint="tcp://127.0.0.1:*", replay_buffer=4
     )
     pub = ZmqEventPublisher.from_config(config, "lmdb")
     publish(pub, 6)  # no subscriber: every batch is lost to PUB/SUB, kept for replay
     client = ReplayClient(pub.replay_endpoint)
-    decoder = msgspec.msgpack.Decoder(load(release).KVEventBatch)
     try:
         replies = client.request([struct.pack(">Q", 3)])
         *batches, end = replies
