@@ -336,6 +336,7 @@ class ResidencyTree:
             self._evictable += len(node.key)
         self._refresh_leaf(node)
         if node.parent is not None:
+            node.parent.dev_children += 1
             self._leaves.discard(node.parent)
 
     def drop_device(self, node: TreeNode) -> Dropped:
@@ -348,6 +349,8 @@ class ResidencyTree:
         self._leaves.discard(node)
         self._bad.discard(node)
         parent = node.parent
+        if parent is not None:
+            parent.dev_children -= 1
         deleted = node.host is None and not node.children
         if deleted:
             self.tree.remove_leaf(node)
@@ -457,8 +460,10 @@ class ResidencyTree:
             if node.dev is not None:
                 self.allocator.free_tree(node.dev)
                 node.dev = None
+            node.dev_children = 0
             node.tree = None
         self.tree.root.children.clear()
+        self.tree.root.dev_children = 0
         self._leaves.clear()
         self._heap.clear()
         self._bad.clear()
@@ -479,6 +484,9 @@ class ResidencyTree:
         assert all(n in queued and queued[n] <= key(n) for n in leaves), (
             "an evictable leaf is missing from the eviction heap"
         )
+        for n in [self.tree.root, *nodes]:
+            on_device = sum(c.dev is not None for c in n.children.values())
+            assert n.dev_children == on_device, f"{n!r}: device-child count is off"
         held = [n.dev for n in nodes if n.dev is not None]
         tree_held = sum(t.size for t in held)
         locked = sum(len(n.key) for n in nodes if n.dev is not None and n.lock_ref)
