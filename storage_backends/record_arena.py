@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from storage_backends.page_format import HEADER_BYTES, build_header, encode_page
 
-# The buffer one thread keeps between batches; records beyond it are built one by one.
-ARENA_BYTES = 32 << 20
+# The buffer one thread keeps between batches (so 8 I/O threads keep at most 128 MiB);
+# records beyond it are built one by one.
+ARENA_BYTES = 16 << 20
 
 
 class RecordArena:
