@@ -39,7 +39,8 @@ from storage_backends.breaker import Admission, CircuitBreaker
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
-from storage_backends.page_format import HEADER_BYTES, Verdict, copy_verified, encode_page
+from storage_backends.page_format import HEADER_BYTES, Verdict, copy_verified
+from storage_backends.record_arena import RecordArena
 from storage_backends.remote_channel import Channel, CurveKeys
 
 logger = logging.getLogger(__name__)
@@ -214,17 +215,20 @@ class RemoteBackend:
         views = check_batch(keys, src, writable=False)
         fits = [i for i, v in enumerate(views) if len(v) <= self._config.max_page_bytes]
         parts = chunks([len(views[i]) for i in fits])
+        arena = self._arena()
+        arena.start(sum(HEADER_BYTES + len(views[i]) for i in fits))
         requests = [
             Request(
                 Op.PUT,
                 0,
                 tuple(keys[i] for i in fits[c.start : c.stop]),
-                tuple(encode_page(keys[i], views[i]) for i in fits[c.start : c.stop]),
+                tuple(arena.encode(keys[i], views[i]) for i in fits[c.start : c.stop]),
             )
             for c in parts
         ]
+        replies = self._send_records(arena, requests)
         results = [False] * len(keys)
-        for part, reply in zip(parts, self._call(Op.PUT, requests, PutReply), strict=True):
+        for part, reply in zip(parts, replies, strict=True):
             if reply is not None and len(reply.stored) == part.stop - part.start:
                 for i, stored in zip(fits[part.start : part.stop], reply.stored, strict=True):
                     results[i] = stored
@@ -317,6 +321,24 @@ class RemoteBackend:
                 self._channels[threading.current_thread()] = channel
             self._local.channel = channel
         return channel
+
+    def _arena(self) -> RecordArena:
+        arena: RecordArena | None = getattr(self._local, "arena", None)
+        if arena is None:
+            arena = self._local.arena = RecordArena()
+        return arena
+
+    def _send_records(self, arena: RecordArena, requests: list[Request]) -> list[PutReply | None]:
+        """The PUT exchange; the arena is dropped unless every request was answered (see
+        ``record_arena``: only then has ZeroMQ surely finished sending from it)."""
+        try:
+            replies = self._call(Op.PUT, requests, PutReply)
+        except BaseException:
+            arena.discard()
+            raise
+        if any(reply is None for reply in replies):
+            arena.discard()
+        return replies
 
     def _max_frame_bytes(self) -> int:
         """The largest frame a valid reply can carry: one page record, or a header."""

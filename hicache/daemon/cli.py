@@ -142,9 +142,12 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
 def _serve(args: argparse.Namespace) -> int:
     import zmq
 
+    from hicache.daemon.heap import keep_freed_pages
     from hicache.daemon.server import DaemonServer
     from storage_backends import StorageError
 
+    heap = keep_freed_pages()  # before the first page buffer is allocated
+    logger.debug("malloc thresholds: %s", heap)
     try:
         check_override_keys(args)
         config = load_daemon_config(args)
