@@ -15,7 +15,7 @@ PURE_TESTS := tests/device_pool tests/hicache/test_radix_cache.py tests/hicache/
 NATIVE_SRC := scripts/build_native.py hicache/native.py device_pool/allocator.py \
 	hicache/radix_tree.py hicache/residency.py hicache/door.py hicache/cache.py
 
-.PHONY: run test test-slow lint bench format clean redis-server
+.PHONY: run test test-slow test-mooncake lint bench format clean redis-server
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,15 +38,26 @@ $(NATIVE): $(STAMP) $(NATIVE_SRC)
 run: $(STAMP) $(NATIVE)
 	$(VENV)/bin/hicache bench tiering --config $(CONFIG)
 
-# The main run uses the compiled hot path (when built); then the tree,
-# allocator and cache property tests again on the pure-Python modules.
+# -rs: every skip says why; the "ci" hypothesis profile draws the same examples
+# on every run, so a failure in CI reproduces (tests/conftest.py). The main run
+# uses the compiled hot path (when built); then the tree, allocator and cache
+# property tests again on the pure-Python modules.
 test: $(STAMP) $(ENGINES) $(NATIVE) lint redis-server
-	$(PY) -m pytest
-	HICACHE_PURE=1 $(PY) -m pytest $(PURE_TESTS)
+	$(PY) -m pytest -rs --hypothesis-profile=ci
+	HICACHE_PURE=1 $(PY) -m pytest -rs --hypothesis-profile=ci $(PURE_TESTS)
 
 # The redis backend tests run real servers; installs Debian's redis-server when missing.
 redis-server:
-	sh scripts/ensure-redis-server.sh
+	sh scripts/ensure-deb.sh redis-server redis-server
+
+# The optional Mooncake backend against a real mooncake_master and holder. Not in
+# `make test` (CI does not run it): its extra (a 46 MB wheel) and Debian's
+# libibverbs1 take over a minute to install on a fresh machine.
+test-mooncake: $(STAMP)
+	sh scripts/ensure-deb.sh libibverbs1
+	$(PY) -m pip freeze | grep -i '^torch==' > $(VENV)/torch-pin.txt
+	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt -e ".[mooncake]"
+	$(PY) -m pytest -rs tests -k mooncake
 
 # Long soak tests (damage fuzzing at many offsets, `make run` 20 times): not in CI.
 test-slow: $(STAMP)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
+
+from hicache._version import __version__
 
 from hicache.native import use_compiled
 
@@ -20,19 +21,10 @@ _EXPORTS = {
     "extend_key": "hicache.radix_tree",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("hicache")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
-        return "0+unknown"
+__all__ = ["__version__", *sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> object:
-    if name == "__version__":
-        return _version()
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'hicache' has no attribute {name!r}")

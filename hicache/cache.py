@@ -208,6 +208,9 @@ class HiRadixCache:
 
     @property
     def events(self) -> EventSink | None:
+        """The KV event publisher (None when ``events.endpoint`` is empty); its
+        ``endpoint`` is the address it bound, the port resolved when the config
+        said ``*`` (also logged at INFO)."""
         return self.observer.events
 
     # match and insert ---------------------------------------------------------
@@ -658,10 +661,7 @@ class HiRadixCache:
         state, ps = done.state, self.page_size
         got = done.fetched_pages * ps
         self.observer.metrics.record_transfer("s2h", done.nbytes, done.ok)
-        if done.found_pages and done.found_pages * ps < self.config.policy.prefetch_threshold:
-            self.observer.metrics.add("prefetch_below_threshold")
-        outcome = "complete" if got == state.host_slots.numel() else "partial" if got else "failed"
-        self.observer.metrics.add(f"prefetch_{outcome}")
+        self.observer.metrics.add(f"prefetch_{self._prefetch_outcome(done)}")
         self.host.free_reserved(state.host_slots[got:])
         slots = state.host_slots[:got]
         graft = self.residency.graft(state.key[: state.start + got], state.namespace, state.start)
@@ -674,6 +674,20 @@ class HiRadixCache:
             self.keys.assign(graft.node, state.keys[graft.have // ps : got // ps])
             self.observer.stored(graft.node, "host")
         self.host.unpin(state.pin_id)
+
+    def _prefetch_outcome(self, done: PrefetchDone) -> str:
+        """One outcome per finished prefetch; only ``failed`` is a fault (a
+        prompt storage has never seen is a ``miss``, the healthy common case)."""
+        got = done.fetched_pages * self.page_size
+        if got:
+            return "complete" if got == done.state.host_slots.numel() else "partial"
+        if not done.ok:
+            return "failed"
+        if done.found_pages == 0:
+            return "miss"
+        if done.found_pages * self.page_size < self.config.policy.prefetch_threshold:
+            return "below_threshold"
+        return "failed"  # storage listed the pages but none could be read
 
     # completions -------------------------------------------------------------
     def poll(self) -> PollResult:

@@ -1,12 +1,8 @@
-"""The hicache command line.
+"""hicache: a tiered KV cache for LLM inference (device, host and storage tiers).
 
-  hicache bench tiering            the main job: what each tier buys (JSON + plot)
-  hicache bench tree|transfer|storage|engine
-  hicache store inspect|verify PATH
-  hicache --version
-
-Configs: --config default|device-only|... (shipped with the package) or a
-TOML file; --set section.key=value overrides one field.
+Every command takes -v (debug logging); those that read a config take
+--config NAME|PATH (a config shipped with the package, or a TOML file) and
+--set section.key=value (repeatable). `hicache COMMAND --help` says more.
 """
 
 from __future__ import annotations
@@ -14,27 +10,34 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
-import hicache
-from hicache.bench import BENCH_EXTRA, config_flags, missing_extras
 from hicache.cli_common import (
     HelpFormatter,
-    add_command,
-    load_config,
+    LazySubParsers,
+    Parser,
+    add_lazy_commands,
+    check_override_keys,
+    first_line,
+    load_any,
+    module_doc,
+    overrides_of,
     port_in_use,
     verbose_parent,
 )
-from hicache.config import parse_override
-from hicache.daemon.cli import add_parsers as add_daemon_parsers
-from storage_backends import StorageError
+from hicache.shipped import resolve_config
 
-# Sub-command name -> module exposing ``add_arguments(parser)`` (its docstring
-# is the command's help). Each leaf parser sets ``run`` (``args -> exit
-# status``); one that calls ``cli_common.add_config_flags`` gets ``args.config``
-# as a loaded CacheConfig. Add a command with one line here.
+# Sub-command name -> module exposing ``add_arguments(parser)`` (its docstring's
+# first line is the command's help, the whole its description). A module is
+# imported only when its command is parsed: ``hicache --help`` stays torch-free.
+# Each leaf parser sets ``run`` (``args -> exit status``); one that calls
+# ``cli_common.add_config_flags`` gets ``args.config`` as a loaded config.
+# Add a command with one line here. ``serve``, ``keygen`` and ``stats`` come from
+# ``hicache.daemon.cli`` (they set ``daemon_run``).
 COMMANDS: MappingProxyType[str, str] = MappingProxyType(
     {
         "bench": "hicache.bench",
@@ -46,20 +49,73 @@ COMMANDS: MappingProxyType[str, str] = MappingProxyType(
 PACKAGES = ("hicache", "storage_backends", "transfer", "device_pool", "host_pool")
 
 
+def overview() -> str:
+    """The top-level description: every command, down to each benchmark, with its help."""
+    from hicache.bench import summaries
+    from hicache.daemon import cli as daemon_cli
+    from hicache.store_cli import run_inspect, run_verify
+
+    leaves = [(f"bench {name}", first_line(doc)) for name, doc in summaries().items()]
+    leaves += [
+        ("store inspect PATH", first_line(run_inspect.__doc__)),
+        ("store verify PATH", first_line(run_verify.__doc__)),
+        ("serve", first_line(daemon_cli.SERVE_DOC)),
+        ("keygen DIRECTORY", first_line(daemon_cli.KEYGEN_DOC)),
+        ("stats", first_line(daemon_cli.STATS_DOC)),
+    ]
+    width = max(len(name) for name, _ in leaves)
+    indent = " " * (width + 12)
+    columns = max(shutil.get_terminal_size().columns - 2, len(indent) + 30)
+    lines = [
+        textwrap.fill(f"  hicache {name:<{width}}  {text}", columns, subsequent_indent=indent)
+        for name, text in leaves
+    ]
+    return f"{first_line(__doc__)}\n\ncommands:\n" + "\n".join(lines) + "\n\n" + _rest_of_doc()
+
+
+def _rest_of_doc() -> str:
+    return "\n".join((__doc__ or "").strip().splitlines()[2:])
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="hicache",
-        description=__doc__,
+        description=overview(),
         formatter_class=HelpFormatter,
         parents=[verbose_parent()],
     )
-    parser.add_argument("--version", action="version", version=f"hicache {hicache.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the version")
+    sub = add_lazy_commands(parser, "command", "COMMAND")
     for name, module_name in COMMANDS.items():
-        module = importlib.import_module(module_name)
-        module.add_arguments(add_command(sub, name, module.__doc__))
-    add_daemon_parsers(sub)  # serve, keygen, stats: they set ``daemon_run``
+        sub.add_lazy(name, module_doc(module_name), _builder(module_name))
+    from hicache.daemon.cli import add_parsers
+
+    add_parsers(sub)
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed version, looked up only when asked for (the lookup
+    imports importlib.metadata)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        import hicache
+
+        print(f"hicache {hicache.__version__}")
+        parser.exit()
+
+
+def _builder(module_name: str) -> Callable[[argparse.ArgumentParser], None]:
+    def build(parser: argparse.ArgumentParser) -> None:
+        importlib.import_module(module_name).add_arguments(parser)
+
+    return build
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,25 +143,31 @@ def _logging(verbose: bool) -> None:
 def _prepare(
     parser: argparse.ArgumentParser, argv: list[str], args: argparse.Namespace
 ) -> argparse.Namespace:
-    """Check extras, map ``--set`` keys onto benchmark flags, load the config."""
+    """Check extras and ``--set`` keys, map them onto benchmark flags, load the config."""
+    if hasattr(args, "config"):
+        check_override_keys(args)
     bench = getattr(args, "bench", None)
     if bench is not None:
+        from hicache.bench import BENCH_EXTRA, config_flags, missing_extras
+
         missing = missing_extras(bench)
         if missing:
             raise ValueError(
                 f"bench {bench} needs {', '.join(missing)}: "
                 f"install {BENCH_EXTRA} (pip install -e '.[bench]')"
             )
-        overrides = dict(parse_override(text) for text in args.overrides)
-        flags = config_flags(bench, overrides)
+        flags = config_flags(bench, overrides_of(args))  # type: ignore[arg-type]
         if flags:
             args = parser.parse_args([*argv, *flags])
     if hasattr(args, "config"):
-        args.config = load_config(args)
+        args.config_path = resolve_config(str(args.config), args.config_kind)
+        args.config = load_any(args)
     return args
 
 
 def _run(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    from storage_backends import StorageError
+
     try:
         return int(run(args))
     except StorageError as e:
@@ -118,6 +180,8 @@ def _run(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> 
         print(f"hicache: {message}", file=sys.stderr)
         return 2
 
+
+__all__ = ["COMMANDS", "LazySubParsers", "build_parser", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

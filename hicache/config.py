@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import tomllib
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from device_pool import KVShape, dtype_from_name
+from hicache import config_loader
+from hicache.config_loader import Override, Scalar, parse_override
 from hicache.eviction import EVICTION_POLICIES
 from hicache.prefetch_policy import PREFETCH_POLICIES
 from hicache.write_policy import WRITE_POLICIES
 from storage_backends import StorageConfig
 
-Scalar = str | int | float | bool
-_T = typing.TypeVar("_T")
+if TYPE_CHECKING:
+    from device_pool import KVShape
+
+__all__ = ["CacheConfig", "Override", "Scalar", "parse_override"]
 
 
 def _check(ok: bool, key: str, msg: str) -> None:
@@ -54,6 +53,8 @@ class ModelConfig:
             raise ValueError(f"model: {e}") from None
 
     def kv_shape(self) -> KVShape:
+        from device_pool import KVShape, dtype_from_name  # torch: only once a config is built
+
         return KVShape(
             num_layers=self.num_layers,
             kv_heads=self.kv_heads,
@@ -218,17 +219,12 @@ class CacheConfig:
     def from_toml(
         cls, path: str | Path, overrides: Mapping[str, Scalar] | None = None
     ) -> CacheConfig:
-        """Load ``path`` and apply ``overrides`` (``"section.key" -> value``).
+        """Load ``path`` and apply ``overrides`` (``"section.key" -> value``, as ``--set``).
 
-        Raises ValueError naming the key and the file for an unknown section or
-        key, a wrong type or an out-of-range value; OSError if unreadable.
+        Raises ConfigError (a ValueError) naming the file or ``--set`` and the key for an
+        unknown section or key, a wrong type or an out-of-range value; OSError if unreadable.
         """
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"{path}: invalid TOML: {e}") from None
-        return cls.from_mapping(data, overrides, source=str(path))
+        return cls.from_mapping(config_loader.read_toml(path), overrides, source=str(path))
 
     @classmethod
     def from_mapping(
@@ -237,69 +233,21 @@ class CacheConfig:
         overrides: Mapping[str, Scalar] | None = None,
         source: str = "<config>",
     ) -> CacheConfig:
-        merged = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
-        for dotted, value in (overrides or {}).items():
-            section, _, key = dotted.partition(".")
-            if not key:
-                raise ValueError(f"{source}: override {dotted!r} must be 'section.key'")
-            table = merged.setdefault(section, {})
-            if not isinstance(table, dict):
-                raise ValueError(f"{source}: [{section}] must be a table")
-            table[key] = value
-        try:
-            return _build(cls, merged, "")
-        except ValueError as e:
-            raise ValueError(f"{source}: {e}") from None
+        return config_loader.load(cls, data, source, overrides)
+
+    @classmethod
+    def shipped(cls, name: str, overrides: Mapping[str, Scalar] | None = None) -> CacheConfig:
+        """A config that ships with the package (``default``, ``device-only``, ``remote``),
+        found wherever the package is installed. ValueError for another name."""
+        return cls.from_toml(shipped_path(name), overrides)
 
 
-def _build(cls: type[_T], table: Mapping[str, object], prefix: str) -> _T:
-    """Construct dataclass ``cls`` from ``table``, checking names and types."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(table) - names)
-    if unknown:
-        raise ValueError(f"unknown key {prefix}{unknown[0]!r}; known: {sorted(names)}")
-    kwargs: dict[str, object] = {}
-    for name, value in table.items():
-        kind = hints[name]
-        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            if not isinstance(value, Mapping):
-                raise ValueError(f"[{prefix}{name}] must be a table")
-            kwargs[name] = _build(kind, value, f"{prefix}{name}.")
-        else:
-            kwargs[name] = _coerce(value, kind, f"{prefix}{name}")
-    return cls(**kwargs)
+def shipped_path(name: str) -> Path:
+    """The file of shipped config ``name``; ValueError naming the cache's shipped configs."""
+    from hicache.shipped import CACHE, resolve_config, shipped_configs
 
-
-def _coerce(value: object, kind: object, key: str) -> Scalar:
-    if isinstance(kind, types.UnionType):
-        kind = typing.get_args(kind)[0]
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    # Sizes and ratios become integers (token counts, bytes): inf and nan never make sense.
-    if kind is float and isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{key}: must be a finite number, got {value!r}")
-    if kind is bool and not isinstance(value, bool):
-        raise ValueError(f"{key}: expected true/false, got {value!r}")
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"{key}: expected an integer, got {value!r}")
-    if not isinstance(value, kind):  # type: ignore[arg-type]
-        raise ValueError(f"{key}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
-    return value  # type: ignore[return-value]
-
-
-class Override(typing.NamedTuple):
-    key: str
-    value: Scalar
-
-
-def parse_override(text: str) -> Override:
-    """Parse a CLI ``--set section.key=value`` (value in TOML syntax, bare strings allowed)."""
-    key, sep, raw = text.partition("=")
-    if not sep or "." not in key:
-        raise ValueError(f"override {text!r} must look like section.key=value")
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return Override(key.strip(), value)
+    if name not in shipped_configs(CACHE):
+        raise ValueError(
+            f"no shipped cache config {name!r}; shipped: {', '.join(shipped_configs(CACHE))}"
+        )
+    return resolve_config(name, CACHE)

@@ -1,25 +1,28 @@
-"""The README's configuration table, generated from the config dataclasses.
+"""The README's configuration tables (the cache's, the daemon's), generated from the config
+dataclasses.
 
-``python -m hicache.config_doc`` prints it; ``--write README.md`` replaces the
-block between the README's markers. A test checks that the README holds what
-this module generates, so the table can never disagree with the code or with
-``configs/default.toml``.
+``python -m hicache.config_doc`` prints them; ``--write README.md`` replaces the
+blocks between the README's markers. A test checks that the README holds what
+this module generates, so a table can never disagree with the code or with
+``configs/default.toml`` / ``configs/daemon.toml``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
 from hicache.config import CacheConfig, choice_fields
+from hicache.config_loader import keys_of
+from hicache.shipped import resolve_config
 
 BEGIN = "<!-- config-table:begin (generated: python -m hicache.config_doc --write README.md) -->"
 END = "<!-- config-table:end -->"
+DAEMON_BEGIN = BEGIN.replace("config-table", "daemon-config-table")
+DAEMON_END = END.replace("config-table", "daemon-config-table")
 
 MEANINGS: dict[str, str] = {
     "model.model_id": "names the model; part of the page-key fingerprint",
@@ -84,6 +87,56 @@ MEANINGS: dict[str, str] = {
 }
 
 
+DAEMON_MEANINGS: dict[str, str] = {
+    "server.endpoint": "`tcp://HOST:PORT` (port 0: OS-picked) or `ipc://PATH` to listen on",
+    "server.allow_remote": "bind beyond loopback without CURVE (logged as a warning)",
+    "server.max_inflight_requests": "writes waiting for their commit; more are answered BUSY",
+    "server.max_inflight_bytes": "bytes of those writes; more are answered BUSY",
+    "server.ready_file": "JSON `{endpoint, metrics_port, pid}` written once bound; empty: none",
+    "server.shutdown_timeout_s": "on SIGTERM, longest wait for in-flight writes to commit",
+    "server.max_queued_reply_bytes_per_peer": "GET replies one client has not read; over it, BUSY",
+    "server.max_queued_reply_bytes": "GET replies not read yet, all clients; over it, BUSY",
+    "server.max_peers": "connections at once; more are shut at once (kept under the fd limit)",
+    "server.heartbeat_s": "ZMTP heartbeat; a peer silent for 3 intervals is dropped; 0: off",
+    "server.handshake_timeout_s": "a connection that has not handshaken by then is dropped",
+    "store.path": "LMDB directory; empty: `daemon-store` in the per-user cache directory",
+    "store.max_bytes": "store capacity; least recently used pages go first",
+    "store.memory_bytes": "memory LRU in front of LMDB",
+    "store.sync": "fsync each group commit (an acknowledged page survives an OS crash)",
+    "limits.max_batch_keys": "keys in one request",
+    "limits.max_key_bytes": "bytes of one key",
+    "limits.max_page_bytes": "bytes of one page",
+    "limits.max_request_bytes": "bytes of one request, all frames",
+    "metrics.host": "address the metrics server binds",
+    "metrics.port": "Prometheus metrics over HTTP; -1: off, 0: OS-picked",
+    "auth.curve": "CURVE encryption and client keys; each key is a tenant",
+    "auth.server_secret_key": "the daemon's `.key_secret` file (`hicache keygen`)",
+    "auth.tenants": (
+        "`[[auth.tenants]]` tables: `name`, `public_key` (z85, or a `.key` file),"
+        " `max_store_bytes` (0: the shared store), `admin` (STATS of the whole daemon)"
+    ),
+}
+
+
+class Table(NamedTuple):
+    """One generated table: the config it documents and where it goes in the README."""
+
+    cls: type
+    shipped: str  # the shipped config of the "--config" column
+    meanings: dict[str, str]
+    begin: str
+    end: str
+
+
+def tables() -> tuple[Table, Table]:
+    from hicache.daemon.config import DaemonConfig
+
+    return (
+        Table(CacheConfig, "default", MEANINGS, BEGIN, END),
+        Table(DaemonConfig, "daemon", DAEMON_MEANINGS, DAEMON_BEGIN, DAEMON_END),
+    )
+
+
 class FieldDoc(NamedTuple):
     key: str
     unset: object  # the dataclass default: what a key left out of a file gets
@@ -91,32 +144,30 @@ class FieldDoc(NamedTuple):
     meaning: str
 
 
-def config_keys(cls: type = CacheConfig, prefix: str = "") -> Iterator[str]:
-    """Every ``section.key``, in declaration order."""
-    for f in dataclasses.fields(cls):
-        nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        if isinstance(nested, type) and dataclasses.is_dataclass(nested):
-            yield from config_keys(nested, f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}"
+def config_keys(cls: type = CacheConfig) -> Iterator[str]:
+    """Every ``section.key``, in declaration order (as the loader knows them)."""
+    return keys_of(cls)
 
 
-def _value(config: CacheConfig, key: str) -> object:
+def _value(config: object, key: str) -> object:
     section, _, name = key.partition(".")
     return getattr(getattr(config, section), name)
 
 
-def field_docs() -> list[FieldDoc]:
-    shipped = resources.files("hicache") / "configs" / "default.toml"
-    default = CacheConfig.from_toml(Path(str(shipped)))
-    unset = CacheConfig()
-    return [FieldDoc(k, _value(unset, k), _value(default, k), _meaning(k)) for k in config_keys()]
+def field_docs(table: Table | None = None) -> list[FieldDoc]:
+    t = table or tables()[0]
+    shipped = t.cls.from_toml(resolve_config(t.shipped))  # type: ignore[attr-defined]
+    unset = t.cls()
+    return [
+        FieldDoc(k, _value(unset, k), _value(shipped, k), _meaning(k, t.meanings))
+        for k in config_keys(t.cls)
+    ]
 
 
-def _meaning(key: str) -> str:
+def _meaning(key: str, meanings: dict[str, str]) -> str:
     """The key's meaning; registry-backed keys list the registry's names."""
-    meaning = MEANINGS.get(key, "")
-    names = choice_fields().get(key)
+    meaning = meanings.get(key, "")
+    names = choice_fields().get(key) if meanings is MEANINGS else None
     if names:
         meaning += ": " + ", ".join(f"`{n}`" for n in names)
     return meaning
@@ -127,17 +178,20 @@ def _show(value: object) -> str:
         return str(value).lower()
     if isinstance(value, str):
         return f'`"{value}"`'
+    if isinstance(value, tuple):
+        return "none" if not value else f"{len(value)} entries"
     if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
         return f"{value >> 20} MiB" if value < 1 << 30 else f"{value >> 30} GiB"
     return str(value)
 
 
-def markdown_table() -> str:
+def markdown_table(table: Table | None = None) -> str:
+    t = table or tables()[0]
     rows = [
-        "| key | `--config default` | left out | meaning |",
+        f"| key | `--config {t.shipped}` | left out | meaning |",
         "| --- | --- | --- | --- |",
     ]
-    for d in field_docs():
+    for d in field_docs(t):
         shipped, unset = _show(d.shipped), _show(d.unset)
         rows.append(
             f"| `{d.key}` | {shipped} | {'same' if unset == shipped else unset} | {d.meaning} |"
@@ -145,23 +199,30 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-def replace_block(text: str, table: str) -> str:
+def replace_block(text: str, table: str, begin: str = BEGIN, end: str = END) -> str:
     """``text`` with the block between the markers replaced by ``table``."""
-    head, sep, rest = text.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
+    head, sep, rest = text.partition(begin)
+    _, sep2, tail = rest.partition(end)
     if not sep or not sep2:
-        raise ValueError(f"markers {BEGIN!r} ... {END!r} not found")
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+        raise ValueError(f"markers {begin!r} ... {end!r} not found")
+    return f"{head}{begin}\n{table}\n{end}{tail}"
+
+
+def replace_all(text: str) -> str:
+    """``text`` with every generated table brought up to date."""
+    for t in tables():
+        text = replace_block(text, markdown_table(t), t.begin, t.end)
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hicache.config_doc", description=__doc__)
-    parser.add_argument("--write", type=Path, help="replace the table in this Markdown file")
+    parser.add_argument("--write", type=Path, help="replace the tables in this Markdown file")
     args = parser.parse_args(argv)
     if args.write is None:
-        print(markdown_table())
+        print("\n\n".join(markdown_table(t) for t in tables()))
         return 0
-    args.write.write_text(replace_block(args.write.read_text(), markdown_table()))
+    args.write.write_text(replace_all(args.write.read_text()))
     return 0
 
 

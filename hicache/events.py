@@ -67,7 +67,12 @@ class EventSink(Protocol):
 
     ``emit`` buffers; ``flush`` publishes what is buffered (the cache flushes
     once per ``poll()``); ``close`` flushes and releases resources.
+    ``endpoint`` and ``replay_endpoint`` are the addresses actually bound (a
+    ``*`` port resolved; "" when there is none), for subscribers to connect to.
     """
+
+    endpoint: str
+    replay_endpoint: str
 
     def emit(self, event: KVEvent) -> None: ...
     def flush(self) -> None: ...
@@ -202,6 +207,11 @@ class ZmqEventPublisher:
         self.replay_endpoint = self._replay.endpoint if self._replay else ""
         if self._replay is not None:
             self._replay.start(replay_buffer)
+        replay = f", replays on {self.replay_endpoint}" if self.replay_endpoint else ""
+        logger.info(
+            "KV events: publishing on %s (topic %r, %s format)%s",
+            self.endpoint, topic, wire.name, replay,
+        )  # fmt: skip
         self._seq = 0
         self._buffer: list[KVEvent] = []
 

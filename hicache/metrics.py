@@ -14,7 +14,10 @@ Tier = Literal["device", "host", "storage"]
 Link = Literal["d2h", "h2d", "h2s", "s2h"]
 TIERS: tuple[Tier, ...] = ("device", "host", "storage")
 LINKS: tuple[Link, ...] = ("d2h", "h2d", "h2s", "s2h")
-PREFETCH_OUTCOMES = ("started", "complete", "partial", "failed", "below_threshold")
+# ``started`` counts prefetches submitted; each one that finishes adds exactly
+# one of the others, so started == their sum + prefetches in flight. Only
+# ``failed`` means something went wrong (see ``CacheStats``).
+PREFETCH_OUTCOMES = ("started", "complete", "partial", "miss", "below_threshold", "failed")
 
 # What a latency is measured for: a load-back (H2D submit -> completion applied),
 # a backup (D2H submit -> completion applied), a prefetch wait (prefetch() ->
@@ -69,8 +72,9 @@ class CacheStats:
     prefetch_started: int = 0
     prefetch_complete: int = 0
     prefetch_partial: int = 0
-    prefetch_failed: int = 0
+    prefetch_miss: int = 0
     prefetch_below_threshold: int = 0
+    prefetch_failed: int = 0
     storage_wait_timeouts: int = 0
 
     def as_dict(self) -> dict[str, int]:

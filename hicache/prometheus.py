@@ -23,7 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from hicache.events import PublisherStats
-from hicache.metrics import LATENCIES, CacheStats, Histogram, Latency
+from hicache.metrics import LATENCIES, PREFETCH_OUTCOMES, CacheStats, Histogram, Latency
 from storage_backends import StorageStats
 
 
@@ -75,10 +75,11 @@ COUNTERS: tuple[Family, ...] = (
            {k: f"bytes_{k}" for k in ("d2h", "h2d", "h2s", "s2h")}),
     Family("transfer_errors", "Failed transfers or storage jobs, by link (a miss, never a crash).",
            "link", {k: f"errors_{k}" for k in ("d2h", "h2d", "h2s", "s2h")}),
-    Family("prefetches", "Storage prefetches by outcome: started, complete, partial, failed, or "
-           "below_threshold (not started: too few pages in storage).", "outcome",
-           {k: f"prefetch_{k}" for k in ("started", "complete", "partial", "failed",
-                                          "below_threshold")}),
+    Family("prefetches", "Storage prefetches: started, then one outcome each when it "
+           "finishes: complete, partial (a leading part), miss (storage held none of the "
+           "pages), below_threshold (too few to be worth it), failed (backend error or "
+           "unreadable pages). Only failed is a problem.", "outcome",
+           {k: f"prefetch_{k}" for k in PREFETCH_OUTCOMES}),
     Family("storage_wait_timeouts", "Waits on storage work (drain, reset, close, "
            "wait_prefetch) that gave up after storage.timeout_s; the job lands later.", "",
            {"": "storage_wait_timeouts"}),

@@ -45,6 +45,7 @@ class TreeNode:
         "children",
         "created",
         "dev",
+        "dev_children",
         "hit_count",
         "host",
         "host_ref",
@@ -68,6 +69,9 @@ class TreeNode:
         self.parent: TreeNode | None = None
         self.children: dict[ChildKey, TreeNode] = {}
         self.dev: np.ndarray | None = None  # device slots (int64); see ``device``
+        # Children with a device copy, kept by the residency tree as ``dev``
+        # changes: a shared prefix can have hundreds of children to scan.
+        self.dev_children = 0
         self.host: torch.Tensor | None = None
         self.page_keys: list[bytes] | None = None
         self.lock_ref = 0
@@ -95,7 +99,7 @@ class TreeNode:
         return None if dev is None else torch.from_numpy(dev)
 
     def has_device_child(self) -> bool:
-        return any(c.dev is not None for c in self.children.values())
+        return self.dev_children > 0
 
 
 class WalkResult(NamedTuple):
@@ -274,8 +278,9 @@ class RadixTree:
             "load_op",
         ):
             setattr(upper, name, getattr(node, name))
-        if node.dev is not None:
+        if node.dev is not None:  # the parent's count stands: upper replaces node
             upper.dev, node.dev = node.dev[:at], node.dev[at:]
+            upper.dev_children = 1
         if node.host is not None:
             upper.host, node.host = node.host[:at], node.host[at:]
         if node.page_keys is not None:

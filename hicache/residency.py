@@ -90,6 +90,8 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if parts else NO_SLOTS
 
 
+_HeapEntry = tuple[tuple[int, int], int, int, TreeNode]  # key, node id, push number, node
+
 NO_SLOTS = np.empty(0, dtype=np.int64)  # never written: numpy views of it are read only
 NO_SLOTS.flags.writeable = False
 
@@ -113,6 +115,12 @@ class ResidencyTree:
         self._evictable = 0
         self._protected = 0
         self._leaves: set[TreeNode] = set()
+        # Eviction candidates by the policy: every leaf has an entry whose key is
+        # at most its current one (policy keys only grow: clocks and counts), so
+        # stale or departed entries are skipped or re-pushed when they surface,
+        # instead of a heap rebuilt from every leaf on each eviction.
+        self._heap: list[_HeapEntry] = []
+        self._pushes = 0
         self._bad: set[TreeNode] = set()
 
     # sizes ---------------------------------------------------------------
@@ -328,6 +336,7 @@ class ResidencyTree:
             self._evictable += len(node.key)
         self._refresh_leaf(node)
         if node.parent is not None:
+            node.parent.dev_children += 1
             self._leaves.discard(node.parent)
 
     def drop_device(self, node: TreeNode) -> Dropped:
@@ -340,6 +349,8 @@ class ResidencyTree:
         self._leaves.discard(node)
         self._bad.discard(node)
         parent = node.parent
+        if parent is not None:
+            parent.dev_children -= 1
         deleted = node.host is None and not node.children
         if deleted:
             self.tree.remove_leaf(node)
@@ -370,21 +381,48 @@ class ResidencyTree:
         """One sweep over the current leaves, by the eviction policy. A leaf with
         a host copy is demoted; one for which ``write_back(node)`` holds is left
         for a backup; any other is deleted."""
-        key = self._policy.sort_key
-        heap = [(key(n), n.id, n) for n in self._leaves]
-        heapq.heapify(heap)
         freed, dropped, later = 0, [], []
-        while freed < num_tokens and heap:
-            _, _, node = heapq.heappop(heap)
-            parent = node.parent
+        while freed < num_tokens:
+            node = self._pop_leaf()
+            if node is None:
+                break
             freed += len(node.key)
             if node.host is None and write_back(node):
                 later.append(node)
                 continue  # its parent stays on device until the backup lands
-            dropped.append(self.drop_device(node))
-            if parent is not None and parent in self._leaves:
-                heapq.heappush(heap, (key(parent), parent.id, parent))
+            dropped.append(self.drop_device(node))  # a parent left a leaf is pushed
+        for node in later:  # still leaves until their backup lands: candidates next pass
+            self._push(node)
         return EvictPass(freed, dropped, later)
+
+    def _push(self, node: TreeNode) -> None:
+        if len(self._heap) > 2 * len(self._leaves) + 64:  # mostly stale: rebuild, O(leaves)
+            self._compact()
+        self._pushes += 1
+        heapq.heappush(self._heap, (self._policy.sort_key(node), node.id, self._pushes, node))
+
+    def _pop_leaf(self) -> TreeNode | None:
+        """The current leaf first by the policy (and id), taken off the heap;
+        None when there is none. Entries of nodes that left the leaf set are
+        dropped; one whose key grew since it was pushed goes back with its new key."""
+        heap, leaves, key = self._heap, self._leaves, self._policy.sort_key
+        while heap:
+            entry = heapq.heappop(heap)
+            node = entry[3]
+            if node not in leaves:
+                continue
+            now = key(node)
+            if now == entry[0]:
+                return node
+            self._pushes += 1
+            heapq.heappush(heap, (now, node.id, self._pushes, node))
+        return None
+
+    def _compact(self) -> None:
+        key, base = self._policy.sort_key, self._pushes
+        self._heap = [(key(n), n.id, base + i, n) for i, n in enumerate(self._leaves, 1)]
+        self._pushes += len(self._heap)
+        heapq.heapify(self._heap)
 
     def finish_write_back(self, node: TreeNode) -> Dropped | None:
         """After a write-back's backup: drop the device copy if still possible."""
@@ -403,7 +441,9 @@ class ResidencyTree:
             and node.lock_ref == 0
             and not node.has_device_child()
         ):
-            self._leaves.add(node)
+            if node not in self._leaves:
+                self._leaves.add(node)
+                self._push(node)
         else:
             self._leaves.discard(node)
 
@@ -420,9 +460,12 @@ class ResidencyTree:
             if node.dev is not None:
                 self.allocator.free_tree(node.dev)
                 node.dev = None
+            node.dev_children = 0
             node.tree = None
         self.tree.root.children.clear()
+        self.tree.root.dev_children = 0
         self._leaves.clear()
+        self._heap.clear()
         self._bad.clear()
         self._evictable = 0
         return nodes
@@ -434,6 +477,16 @@ class ResidencyTree:
             n for n in nodes if n.dev is not None and n.lock_ref == 0 and not n.has_device_child()
         }
         assert self._leaves == leaves, "evictable-leaf set is out of date"
+        key = self._policy.sort_key
+        queued: dict[TreeNode, tuple[int, int]] = {}
+        for entry in self._heap:
+            queued[entry[3]] = min(entry[0], queued.get(entry[3], entry[0]))
+        assert all(n in queued and queued[n] <= key(n) for n in leaves), (
+            "an evictable leaf is missing from the eviction heap"
+        )
+        for n in [self.tree.root, *nodes]:
+            on_device = sum(c.dev is not None for c in n.children.values())
+            assert n.dev_children == on_device, f"{n!r}: device-child count is off"
         held = [n.dev for n in nodes if n.dev is not None]
         tree_held = sum(t.size for t in held)
         locked = sum(len(n.key) for n in nodes if n.dev is not None and n.lock_ref)

@@ -1,4 +1,4 @@
-"""Look inside a store directory (lmdb or file backend), for operators.
+"""Look inside a store directory (lmdb or file backend): inspect, verify.
 
 hicache store inspect PATH   pages, bytes, page sizes, fingerprint, and
                              which model (of --config) the fingerprint is
@@ -10,23 +10,34 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hicache.cli_common import add_command, add_config_flags
-from hicache.config import CacheConfig
-from hicache.hashing import model_fingerprint
-from storage_backends.inspect import StoreSummary, summarize, verify
+from hicache.cli_common import add_config_flags, add_lazy_commands
+
+if TYPE_CHECKING:
+    from hicache.config import CacheConfig
+    from storage_backends.inspect import StoreSummary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="store_command", required=True, metavar="ACTION")
+    sub = add_lazy_commands(parser, "store_command", "ACTION")
     for name, run in (("inspect", run_inspect), ("verify", run_verify)):
-        p = add_command(sub, name, (run.__doc__ or "").strip())
+        sub.add_lazy(name, run.__doc__ or "", _builder(name, run))
+
+
+def _builder(
+    name: str, run: Callable[[argparse.Namespace], int]
+) -> Callable[[argparse.ArgumentParser], None]:
+    def build(p: argparse.ArgumentParser) -> None:
         p.add_argument("path", type=Path, metavar="PATH", help="the store directory")
         p.add_argument("--json", action="store_true", help="print JSON instead of text")
-        if name == "inspect":
+        if name == "inspect":  # verify reads no config
             add_config_flags(p)
         p.set_defaults(run=run)
+
+    return build
 
 
 def _mib(n: int) -> str:
@@ -35,6 +46,8 @@ def _mib(n: int) -> str:
 
 def model_line(summary: StoreSummary, config: CacheConfig) -> str:
     """Which model the store's fingerprint names, as far as ``config`` tells."""
+    from hicache.hashing import model_fingerprint
+
     if not summary.fingerprint:
         return "model: unknown (the store records no fingerprint)"
     mine = model_fingerprint(config.model, config.device.page_size).hex()
@@ -50,6 +63,8 @@ def model_line(summary: StoreSummary, config: CacheConfig) -> str:
 
 def run_inspect(args: argparse.Namespace) -> int:
     """What a store holds: pages, bytes, page sizes, fingerprint, model."""
+    from storage_backends.inspect import summarize
+
     s = summarize(args.path)
     if args.json:
         print(json.dumps({**s._asdict(), "path": str(s.path)}, indent=2))
@@ -66,6 +81,8 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     """A checksum pass over every page of a store; exit 1 if any is damaged."""
+    from storage_backends.inspect import verify
+
     result = verify(args.path)
     if args.json:
         print(json.dumps({**result._asdict(), "ok": result.ok}, indent=2))

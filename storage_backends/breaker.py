@@ -14,6 +14,12 @@ class BreakerState(enum.Enum):
     HALF_OPEN = "half_open"  # one probe call is let through; the others fail fast
 
 
+class Admission(enum.Enum):
+    CALL = "call"  # closed: go ahead
+    PROBE = "probe"  # the cool-down is over and this caller is the one probe
+    REFUSE = "refuse"  # fail fast
+
+
 class CircuitBreaker:
     """Counts consecutive failures of a remote peer.
 
@@ -57,13 +63,18 @@ class CircuitBreaker:
 
     def allow(self) -> bool:
         """Whether a call may go to the peer now; False means fail fast."""
+        return self.admit() is not Admission.REFUSE
+
+    def admit(self) -> Admission:
+        """``allow`` that also tells the one probe apart (it may check the peer cheaply
+        first, e.g. with a PING, and report that outcome)."""
         with self._lock:
             if self._state is BreakerState.CLOSED:
-                return True
+                return Admission.CALL
             if self._state is BreakerState.OPEN and self._clock() >= self._reopen_at:
                 self._state = BreakerState.HALF_OPEN  # this caller is the probe
-                return True
-            return False
+                return Admission.PROBE
+            return Admission.REFUSE
 
     def record_success(self) -> None:
         with self._lock:

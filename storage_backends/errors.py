@@ -24,6 +24,11 @@ class FingerprintMismatchError(StorageOpenError):
     """The store was created for another model (different fingerprint)."""
 
 
+class StorageWriteError(StorageError):
+    """A write transaction did not commit (nothing of it happened); raised only by methods
+    documented to raise it, for callers that must not acknowledge a failed write."""
+
+
 class StoreDamagedError(StorageError):
     """The store's structure (not one page) is damaged; it must be closed and
     quarantined. Raised by a backend's methods at run time; ``GuardedBackend``

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -24,7 +25,13 @@ from storage_backends.base import StorageStats
 from storage_backends.batch import check_batch, check_keys
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
-from storage_backends.errors import StorageClosedError, StorageOpenError, StoreDamagedError
+from storage_backends.errors import (
+    StorageClosedError,
+    StorageError,
+    StorageOpenError,
+    StorageWriteError,
+    StoreDamagedError,
+)
 from storage_backends.lmdb_check import check_store
 from storage_backends.page_format import (
     HEADER_BYTES,
@@ -166,6 +173,15 @@ class _Writer:
         self._txn.put(_META_BYTES_USED, _u64(self.bytes_used), db=self._dbs.meta)
 
 
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the store's ``data.mdb``, None if it is gone."""
+    try:
+        st = os.stat(path / "data.mdb")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _raise_if_damage(exc: lmdb.Error, path: str) -> None:
     if isinstance(exc, _DAMAGE_ERRORS):
         raise StoreDamagedError(f"LMDB store {path}: {type(exc).__name__}: {exc}") from exc
@@ -224,6 +240,52 @@ class LmdbBackend:
         self._lock = threading.Lock()
         self._touched: OrderedDict[bytes, None] = OrderedDict()
         self._closed = False
+        self._identity = _file_identity(Path(self._env.path()))
+        self._retired: list[lmdb.Environment] = []  # replaced by a reopen; closed at close()
+        self._generation = 0  # environments replaced so far
+
+    def _reopen_if_replaced(self) -> bool:
+        """Reopen the store if its ``data.mdb`` was deleted or replaced since it was opened
+        (the caller holds the write lock), so no write is acknowledged into a file no one
+        can open again. False when it cannot be reopened: the write is then refused."""
+        path = Path(self._env.path())
+        if _file_identity(path) == self._identity:
+            return True
+        logger.error(
+            "LMDB store %s was deleted or replaced while open: its pages are gone; "
+            "opening a new store there",
+            path,
+        )
+        try:
+            env, dbs = self._open(prepare_store_dir(self._config))
+        except StorageError as exc:
+            logger.error("cannot reopen the LMDB store %s (%s); writes are refused", path, exc)
+            return False
+        self._swap(env, dbs)
+        self._counters.record_quarantine()
+        return True
+
+    def _swap(self, env: lmdb.Environment, dbs: _Dbs) -> None:
+        self._retired.append(self._env)  # readers may still hold transactions on it
+        self._env, self._dbs = env, dbs
+        self._identity = _file_identity(Path(env.path()))
+        self._generation += 1
+
+    @property
+    def generation(self) -> int:
+        """How often the environment was replaced (deleted store, ``replace_damaged``)."""
+        return self._generation
+
+    def replace_damaged(self, damage: str, generation: int) -> None:
+        """Move the store aside and go on in an empty one at the same path, for callers
+        without a ``GuardedBackend`` (the daemon). ``generation`` is what the failed call
+        saw: a store already replaced since is left alone. StorageOpenError if impossible."""
+        with self._write_lock:
+            self._check_open()
+            if generation != self._generation:
+                return
+            path = self._quarantine(Path(self._env.path()), damage)
+            self._swap(*self._open(path))
 
     def _quarantine(self, path: Path, damage: str) -> Path:
         """Move the damaged store aside, count it, and return the (new, empty) store path."""
@@ -389,6 +451,9 @@ class LmdbBackend:
         views = check_batch(keys, src, writable=False)
         with self._write_lock:
             self._check_open()
+            if not self._reopen_if_replaced():
+                self._counters.record_put(0, len(keys), 0)
+                return [False] * len(keys)
             outcome = self._write_with_retry(self._take_touched(), keys, views)
         self._counters.record_put(outcome.puts, outcome.failures, outcome.evictions)
         return outcome.results
@@ -463,17 +528,28 @@ class LmdbBackend:
         return _PutResult.STORED
 
     def delete(self, keys: Sequence[bytes]) -> int:
+        try:
+            return self.remove(keys)
+        except StorageWriteError:
+            logger.exception("LMDB delete of %d pages failed", len(keys))
+            return 0
+
+    def remove(self, keys: Sequence[bytes]) -> int:
+        """``delete`` for callers that must not acknowledge a failed delete (the daemon):
+        StorageWriteError when the transaction did not commit (nothing was removed)."""
         self._check_open()
         check_keys(keys)
         try:
-            with self._write_lock, self._env.begin(write=True, buffers=True) as txn:
-                writer = _Writer(txn, self._dbs)
-                removed = sum(writer.remove(key) for key in keys)
-                writer.finish()
+            with self._write_lock:
+                if not self._reopen_if_replaced():
+                    raise StorageWriteError(f"the LMDB store {self._config.path} is gone")
+                with self._env.begin(write=True, buffers=True) as txn:
+                    writer = _Writer(txn, self._dbs)
+                    removed = sum(writer.remove(key) for key in keys)
+                    writer.finish()
         except lmdb.Error as exc:
             _raise_if_damage(exc, self._config.path)
-            logger.exception("LMDB delete of %d pages failed", len(keys))
-            return 0
+            raise StorageWriteError(f"LMDB delete of {len(keys)} pages failed: {exc}") from exc
         self._counters.note_removed(writer.removed)
         self._counters.record_deletes(removed)
         return removed
@@ -498,3 +574,5 @@ class LmdbBackend:
                 self._flush_touches()
             finally:
                 self._env.close()
+                for env in self._retired:
+                    env.close()

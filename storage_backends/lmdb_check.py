@@ -5,13 +5,16 @@ LMDB keeps no checksums on its B-tree pages: a damaged or truncated
 assertion inside a write. So the store is walked first in a child process
 (``python -m storage_backends.lmdb_check <path>``): every sub-database's keys,
 the last byte of every value (a value past the end of the file is what
-raises SIGBUS), and the meta table. The child exits 0 when the store is
+raises SIGBUS), and the meta table; before that, ``lmdb_pages`` checks the
+file's pages as a write would meet them (page numbers, free list), since
+LMDB aborts the process on such damage inside a write. The child exits 0 when the store is
 sound and 1 with the reason on stdout when it found damage; dying by a
 signal is damage too.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -19,6 +22,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import lmdb
+
+from storage_backends.lmdb_pages import walk_pages
 
 _DB_NAMES = (b"pages", b"lru", b"atime", b"meta")
 _U64_META = (b"format_version", b"bytes_used")
@@ -80,9 +85,21 @@ def _check_meta(txn: lmdb.Transaction, db: lmdb._Database) -> str | None:
     return None
 
 
+def _walk_file(data: str) -> str | None:
+    """The page-level check (``lmdb_pages``) on the file's bytes, before LMDB maps it."""
+    with open(data, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:  # LMDB initialises an empty file
+            return None
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf, memoryview(buf) as view:
+            return walk_pages(view).damage
+
+
 def walk(path: str) -> str | None:
     """The check itself (run in the child): None if sound, else the damage."""
     data = os.path.join(path, "data.mdb")
+    damage = _walk_file(data)
+    if damage is not None:
+        return damage
     env = lmdb.open(path, readonly=True, max_dbs=len(_DB_NAMES), subdir=True)
     try:
         psize, last_pgno = env.stat()["psize"], env.info()["last_pgno"]

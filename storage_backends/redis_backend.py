@@ -237,3 +237,34 @@ def _count_node(node: Redis, pattern: bytes, deadline: float) -> _Usage:
 
 def _first_error(replies: Sequence[object]) -> object:
     return next((r for r in replies if r is not True and r is not None), None)
+
+
+def delete_prefix(config: StorageConfig) -> int:
+    """Delete every key under ``<config.key_prefix>:`` (all fingerprints) on
+    every primary and return how many went; for a prefix one run owns (a
+    bench's scratch store), never a fleet's. Raises StorageOpenError when the
+    cluster cannot be reached and RedisError when a node fails mid-way."""
+    io = ClusterIO(_connect(config), config.timeout_s)
+    pattern = _glob_escape(f"{config.key_prefix}:".encode()) + b"*"
+    deleted = 0
+    try:
+        for node in io.primaries():
+            deleted += _delete_node(io.node_redis(node), pattern)
+    finally:
+        io.close()
+    return deleted
+
+
+def _delete_node(node: Redis, pattern: bytes) -> int:
+    """UNLINK the keys matching ``pattern`` on one node, one per command (keys
+    of different slots cannot share a command in a cluster)."""
+    deleted, cursor = 0, 0
+    while True:
+        cursor, names = node.scan(cursor=cursor, match=pattern, count=_SCAN_COUNT)
+        if names:
+            pipe = node.pipeline(transaction=False)
+            for name in names:
+                pipe.unlink(name)
+            deleted += sum(int(n) for n in pipe.execute())
+        if cursor == 0:
+            return deleted

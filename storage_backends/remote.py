@@ -3,7 +3,9 @@
 Every call is bounded: a daemon that is down, slow or restarting turns lookups
 into misses and puts into failures after at most ``storage.timeout_s``, and
 once ``storage.breaker_failures`` requests in a row have failed, calls fail
-fast until a probe gets through again (``storage_backends.breaker``).
+fast until a probe gets through again (``storage_backends.breaker``): every
+``storage.breaker_cooldown_s`` one caller first sends a PING, and its answer
+closes the breaker, so hits come back within one cool-down of the daemon.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ from hicache.daemon.protocol import (
 )
 from storage_backends.base import StorageStats
 from storage_backends.batch import check_batch, check_keys
-from storage_backends.breaker import CircuitBreaker
+from storage_backends.breaker import Admission, CircuitBreaker
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
-from storage_backends.page_format import HEADER_BYTES, Verdict, copy_verified, encode_page
+from storage_backends.page_format import HEADER_BYTES, Verdict, copy_verified
+from storage_backends.record_arena import RecordArena
 from storage_backends.remote_channel import Channel, CurveKeys
 
 logger = logging.getLogger(__name__)
@@ -140,9 +143,11 @@ class RemoteBackend:
         self._local = threading.local()
         self._channels: dict[threading.Thread, Channel] = {}
         self._lock = threading.Lock()
+        # No growing back-off: a probe is one PING, so probing on every cool-down is cheap.
         self._breaker = CircuitBreaker(
-            config.breaker_failures, config.breaker_cooldown_s, 8 * config.breaker_cooldown_s
+            config.breaker_failures, config.breaker_cooldown_s, config.breaker_cooldown_s
         )
+        self._hinted = False  # the first timeout logs what it may mean, once
         self._counters = StatCounters()
         self._link = dict.fromkeys(
             ("requests", "timeouts", "fast_fails", "error_replies", "bad_replies", "reconnects"), 0
@@ -210,17 +215,20 @@ class RemoteBackend:
         views = check_batch(keys, src, writable=False)
         fits = [i for i, v in enumerate(views) if len(v) <= self._config.max_page_bytes]
         parts = chunks([len(views[i]) for i in fits])
+        arena = self._arena()
+        arena.start(sum(HEADER_BYTES + len(views[i]) for i in fits))
         requests = [
             Request(
                 Op.PUT,
                 0,
                 tuple(keys[i] for i in fits[c.start : c.stop]),
-                tuple(encode_page(keys[i], views[i]) for i in fits[c.start : c.stop]),
+                tuple(arena.encode(keys[i], views[i]) for i in fits[c.start : c.stop]),
             )
             for c in parts
         ]
+        replies = self._send_records(arena, requests)
         results = [False] * len(keys)
-        for part, reply in zip(parts, self._call(Op.PUT, requests, PutReply), strict=True):
+        for part, reply in zip(parts, replies, strict=True):
             if reply is not None and len(reply.stored) == part.stop - part.start:
                 for i, stored in zip(fits[part.start : part.stop], reply.stored, strict=True):
                     results[i] = stored
@@ -314,6 +322,24 @@ class RemoteBackend:
             self._local.channel = channel
         return channel
 
+    def _arena(self) -> RecordArena:
+        arena: RecordArena | None = getattr(self._local, "arena", None)
+        if arena is None:
+            arena = self._local.arena = RecordArena()
+        return arena
+
+    def _send_records(self, arena: RecordArena, requests: list[Request]) -> list[PutReply | None]:
+        """The PUT exchange; the arena is dropped unless every request was answered (see
+        ``record_arena``: only then has ZeroMQ surely finished sending from it)."""
+        try:
+            replies = self._call(Op.PUT, requests, PutReply)
+        except BaseException:
+            arena.discard()
+            raise
+        if any(reply is None for reply in replies):
+            arena.discard()
+        return replies
+
     def _max_frame_bytes(self) -> int:
         """The largest frame a valid reply can carry: one page record, or a header."""
         return self._config.max_page_bytes + HEADER_BYTES + REPLY_HEADER_BYTES
@@ -344,15 +370,24 @@ class RemoteBackend:
         """
         if not requests:
             return []
-        if not self._breaker.allow():
+        admission = self._breaker.admit()
+        if admission is Admission.PROBE and op is not Op.PING and not self._probe():
+            admission = Admission.REFUSE
+        if admission is Admission.REFUSE:
             self._count("fast_fails", len(requests))
             return [None] * len(requests)
+        return self._exchange(op, requests, kind)
+
+    def _exchange(self, op: Op, requests: list[Request], kind: type[_R]) -> list[_R | None]:
+        """``_call`` once admitted: the exchange, its counters and the breaker's record."""
         self._count("requests", len(requests))
         peer_ok = False
         try:
             channel = self._channel()
             outcome = channel.exchange(op, requests, self._config.timeout_s)
             self._count("timeouts", outcome.timed_out)
+            if outcome.timed_out:
+                self._hint_once()
             self._count("bad_replies", outcome.bad)
             typed = [self._typed(reply, kind) for reply in outcome.replies]
             peer_ok = outcome.timed_out == 0 and not any(
@@ -368,6 +403,33 @@ class RemoteBackend:
                 self._breaker.record_success if peer_ok else self._breaker.record_failure
             )
             record()
+
+    def _probe(self) -> bool:
+        """The breaker's probe: one PING; its answer closes the breaker, else it reopens."""
+        (reply,) = self._exchange(Op.PING, [Request(Op.PING, 0)], PingReply)
+        return reply is not None
+
+    def _hint_once(self) -> None:
+        with self._lock:
+            hinted, self._hinted = self._hinted, True
+        if hinted:
+            return
+        if self._curve is None:
+            hint = (
+                "if the daemon runs with auth.curve, set storage.curve_server_key and "
+                "storage.curve_client_key (a client without them gets no reply at all)"
+            )
+        else:
+            hint = (
+                "check that storage.curve_server_key is the daemon's public key and that "
+                "the daemon lists this client's public key in auth.tenants"
+            )
+        logger.warning(
+            "no reply from the daemon at %s within %.1f s; %s",
+            self._config.endpoint,
+            self._config.timeout_s,
+            hint,
+        )
 
     def _typed(self, reply: Reply | None, kind: type[_R]) -> _R | None:
         if reply is None or isinstance(reply, kind):

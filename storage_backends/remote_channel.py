@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 # Transport-level reconnects back off from 50 ms to 2 s while the daemon is away.
 RECONNECT_IVL_MS = 50
 RECONNECT_IVL_MAX_MS = 2000
+# Requests of one exchange in flight at once (each carries at most about 1 MiB).
+WINDOW = 64
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,8 @@ class Outcome(NamedTuple):
 class Channel:
     """A DEALER socket plus the ids of its requests in flight.
 
-    ``exchange`` sends every request at once and collects replies until the
-    deadline; a request still unanswered then is given up, and the socket is
+    ``exchange`` keeps up to ``WINDOW`` requests in flight and collects replies
+    until the deadline; a request still unanswered then is given up, and the socket is
     replaced so that a late reply can never be taken for a later request's.
     Raises nothing but ``zmq.ZMQError`` from the socket itself.
     """
@@ -105,18 +107,29 @@ class Channel:
         self._sock.close(linger=0)
 
     def exchange(self, op: Op, requests: Sequence[Request], timeout_s: float) -> Outcome:
-        """Send ``requests`` (all of ``op``; their ids are assigned here) and wait for replies."""
+        """Send ``requests`` (all of ``op``; their ids are assigned here) and wait for replies.
+
+        At most ``WINDOW`` requests are in flight, so the replies the daemon queues for this
+        client stay far below its per-client budget (over it, the daemon answers BUSY)."""
         deadline = time.monotonic() + timeout_s
         pending: dict[int, int] = {}  # request id -> position
-        for pos, request in enumerate(requests):
-            rid = self._take_id()
-            if not self._send(
-                encode_request(Request(request.op, rid, request.keys, request.pages)), deadline
-            ):
-                break
-            pending[rid] = pos
         replies: list[Reply | None] = [None] * len(requests)
-        bad = self._collect(op, pending, replies, deadline)
+        bad = sent = 0
+        while True:
+            while sent < len(requests) and len(pending) < WINDOW:
+                request = requests[sent]
+                rid = self._take_id()
+                frames = encode_request(Request(request.op, rid, request.keys, request.pages))
+                if not self._send(frames, deadline):
+                    break
+                pending[rid] = sent
+                sent += 1
+            if not pending:
+                break
+            before = len(pending)
+            bad += self._collect(op, pending, replies, deadline, 1)
+            if len(pending) == before:  # the deadline passed
+                break
         unanswered = len(requests) - sum(r is not None for r in replies) - bad
         if unanswered or bad:
             self.reset()
@@ -138,11 +151,18 @@ class Channel:
                     return False
 
     def _collect(
-        self, op: Op, pending: dict[int, int], replies: list[Reply | None], deadline: float
+        self,
+        op: Op,
+        pending: dict[int, int],
+        replies: list[Reply | None],
+        deadline: float,
+        wanted: int,
     ) -> int:
-        """Fill ``replies`` from what arrives before ``deadline``; return the bad replies."""
+        """Fill ``replies`` from what arrives before ``deadline`` until ``wanted`` pending
+        requests are settled (or none is left); return the bad replies."""
         bad = 0
-        while pending:
+        goal = max(len(pending) - wanted, 0)
+        while len(pending) > goal:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0 or not self._sock.poll(left_ms, zmq.POLLIN):
                 return bad

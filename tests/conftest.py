@@ -1,6 +1,6 @@
 """Shared test set-up: GPU tests skip where CUDA is missing; slow tests run
 only in the slow lane (``make test-slow``, i.e. ``HICACHE_SLOW=1``); no test
-writes to the real per-user cache directory."""
+writes to the real per-user cache directory; hypothesis profiles."""
 
 from __future__ import annotations
 
@@ -9,6 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
+
+# `make test` (CI) runs the "ci" profile: the same examples on every run, so a CI
+# failure reproduces anywhere, and the failing example's blob printed to replay it
+# with @reproduce_failure. Elsewhere ("dev", the default) each run draws new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile("dev")
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,20 +17,27 @@ def test_readme_opens_with_the_two_commands() -> None:
     assert "make run" in first_block and "make test" in first_block
 
 
-def test_readme_example_runs() -> None:
+def test_readme_shows_the_embedding_example_as_it_is_in_examples() -> None:
     text = (REPO / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", text, re.S)
     assert code is not None
-    cwd = os.getcwd()
-    os.chdir(REPO)  # the example names configs/ relative to the repository
-    try:
-        scope: dict[str, object] = {}
-        exec(compile(code.group(1), "README.md", "exec"), scope)
-    finally:
-        os.chdir(cwd)
-    cache = scope["cache"]
-    cache.check_integrity()  # type: ignore[attr-defined]
-    assert cache.evictable_size() == 96  # type: ignore[attr-defined]
+    example = (REPO / "examples" / "embed.py").read_text()
+    assert code.group(1) in example and code.group(1).startswith("import torch")
+    assert example.endswith(code.group(1))  # the README shows all of it but the docstring
+
+
+def test_embedding_example_runs_from_any_directory(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "embed.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "cached 96 tokens (100 asked; whole pages only)"
 
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -48,17 +57,20 @@ def test_readme_config_table_is_generated_from_the_dataclasses() -> None:
     from hicache import config_doc
 
     text = (REPO / "README.md").read_text()
-    expected = config_doc.replace_block(text, config_doc.markdown_table())
+    expected = config_doc.replace_all(text)
     assert text == expected, "run: python -m hicache.config_doc --write README.md"
+    for table in config_doc.tables():
+        assert table.begin in text and table.end in text
 
 
 def test_every_config_key_is_explained() -> None:
     from hicache import config_doc
 
-    missing = [d.key for d in config_doc.field_docs() if not d.meaning]
-    assert missing == [], f"add these keys to hicache.config_doc.MEANINGS: {missing}"
-    stale = set(config_doc.MEANINGS) - set(config_doc.config_keys())
-    assert stale == set(), f"MEANINGS names keys that no longer exist: {stale}"
+    for table in config_doc.tables():
+        missing = [d.key for d in config_doc.field_docs(table) if not d.meaning]
+        assert missing == [], f"add these keys to hicache.config_doc's meanings: {missing}"
+        stale = set(table.meanings) - set(config_doc.config_keys(table.cls))
+        assert stale == set(), f"the meanings name keys that no longer exist: {stale}"
 
 
 def test_config_table_shows_the_shipped_defaults() -> None:

@@ -1,12 +1,17 @@
-"""Run a benchmark: tiering (the main job), tree, transfer, storage, engine.
+"""Measure what the tiers buy (``bench tiering``) and how fast each part is.
 
-Each benchmark is a module exposing ``add_arguments(parser)`` and
-``run(args) -> int``. The table below says, per benchmark, its one-line
-summary, the optional packages it needs (checked before it runs, with a hint
-to install the extra), and which config keys it reads, so that a ``--set``
-it would ignore is refused instead. A benchmark's module is imported only
-when its flags are built or it runs.
+Each benchmark prints a table and can write its figures as JSON; speeds are
+given as ratios against a baseline measured in the same run. ``--config``
+picks the cache config a benchmark reads (``--set`` changes one key); a
+``--set`` key that a benchmark would ignore is refused.
 """
+
+# For developers: each benchmark is a module exposing ``add_arguments(parser)``
+# and ``run(args) -> int``; its docstring's first line is its help. The table
+# below says, per benchmark, the optional packages it needs (checked before it
+# runs, with a hint to install the extra), which config keys it reads, and
+# which kind of config its ``--config`` takes. A benchmark's module is imported
+# only when that benchmark is parsed or run, so listing them is cheap.
 
 from __future__ import annotations
 
@@ -16,19 +21,22 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType, ModuleType
 from typing import NamedTuple
 
-from hicache.cli_common import add_command, add_config_flags
-from hicache.config import Scalar
+from hicache.cli_common import add_config_flags, add_lazy_commands, module_doc
+from hicache.config_loader import Scalar
+from hicache.shipped import CACHE, DAEMON
 
 
 class Benchmark(NamedTuple):
     """``reads``: config key prefixes the benchmark honours ("" = all) less
-    ``ignores``; ``flags``: config keys it maps onto its own flags instead."""
+    ``ignores``; ``flags``: config keys it maps onto its own flags instead;
+    ``configs``: the kind of config ``--config`` names (cache or daemon)."""
 
     module: str
     extras: tuple[str, ...] = ()
     reads: tuple[str, ...] = ("",)
     ignores: tuple[str, ...] = ()
     flags: Mapping[str, str] = MappingProxyType({})
+    configs: str = CACHE
 
 
 BENCH_EXTRA = "hicache[bench]"
@@ -78,7 +86,9 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
                 "policy.load_back_threshold",
             ),
         ),
-        "daemon": Benchmark("hicache.bench.daemon", reads=()),
+        "daemon": Benchmark("hicache.bench.daemon", reads=(), configs=DAEMON),
+        "vllm": Benchmark("hicache.bench.vllm", reads=()),
+        "sglang": Benchmark("hicache.bench.sglang", reads=()),
     }
 )
 
@@ -126,15 +136,27 @@ def config_flags(name: str, overrides: Mapping[str, Scalar]) -> list[str]:
     return out
 
 
+def summaries() -> dict[str, str]:
+    """Each benchmark's one-line help, read without importing its module."""
+    return {name: module_doc(b.module) for name, b in BENCHMARKS.items()}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``hicache bench <name>``: one sub-command per benchmark."""
-    sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
-    for name in BENCHMARKS:
-        module = load(name)
-        p = add_command(sub, name, module.__doc__)
-        add_config_flags(p)
-        module.add_arguments(p)
-        p.set_defaults(run=_runner(name))
+    """``hicache bench <name>``: one sub-command per benchmark, built when used."""
+    sub = add_lazy_commands(parser, "bench", "BENCHMARK")
+    for name, doc in summaries().items():
+        sub.add_lazy(name, doc, _builder(name))
+
+
+def _builder(name: str) -> Callable[[argparse.ArgumentParser], None]:
+    def build(parser: argparse.ArgumentParser) -> None:
+        bench = BENCHMARKS[name]
+        default = "daemon" if bench.configs == DAEMON else "default"
+        add_config_flags(parser, bench.configs, default)
+        load(name).add_arguments(parser)
+        parser.set_defaults(run=_runner(name))
+
+    return build
 
 
 def _runner(name: str) -> Callable[[argparse.Namespace], int]:

@@ -30,7 +30,7 @@ import zmq
 from tqdm import tqdm
 
 from hicache.bench.processes import ServerProcess, start_daemon, start_echo
-from hicache.shipped import resolve_config
+from hicache.cli_common import at_least
 from storage_backends import StorageConfig
 from storage_backends.remote import RemoteBackend
 
@@ -122,16 +122,29 @@ class EchoClient:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--clients", default="1,4,16", help="comma-separated client counts")
     parser.add_argument(
-        "--mib", type=int, default=64, help="MiB each GET/PUT measurement moves in all"
+        "--clients", type=client_counts, default="1,4,16", help="comma-separated client counts"
     )
-    parser.add_argument("--repeat", type=int, default=3, help="runs per cell; the best counts")
-    parser.add_argument("--exists-calls", type=int, default=200, help="EXISTS calls per client")
     parser.add_argument(
-        "--daemon-config", default="daemon", metavar="NAME|PATH", help="the daemon's config"
+        "--mib", type=at_least(1), default=64, help="MiB each GET/PUT measurement moves in all"
     )
-    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    parser.add_argument(
+        "--repeat", type=at_least(1), default=3, help="runs per cell; the best counts"
+    )
+    parser.add_argument(
+        "--exists-calls", type=at_least(1), default=200, help="EXISTS calls per client"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="write the rows here (default: print only)"
+    )
+
+
+def client_counts(text: str) -> list[int]:
+    """An argparse type: ``parse_clients`` with argparse's one-line refusal."""
+    try:
+        return parse_clients(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--clients ")) from None
 
 
 def parse_clients(text: str) -> list[int]:
@@ -309,9 +322,9 @@ def run_cells(
 
 
 def run(args: argparse.Namespace) -> int:
-    counts = parse_clients(args.clients)
+    counts = args.clients if isinstance(args.clients, list) else parse_clients(args.clients)
     with tempfile.TemporaryDirectory(prefix="hicache-bench-daemon-") as tmp:
-        daemon = start_daemon(resolve_config(args.daemon_config), Path(tmp) / "store")
+        daemon = start_daemon(args.config_path, Path(tmp) / "store")
         echo_server: ServerProcess | None = None
         backend = echo = None
         try:

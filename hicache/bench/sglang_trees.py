@@ -32,7 +32,7 @@ import torch
 
 BACKEND_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 RUST_CORE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
-_UNUSED_IMPORTS = ("tvm_ffi", "torchvision")
+_UNUSED_IMPORTS = ("tvm_ffi", "torchvision", "triton")
 
 
 class SglangUnavailable(Exception):
@@ -112,6 +112,11 @@ def _unused_imports_stubbed() -> Iterator[None]:
         yield
     finally:
         sys.meta_path.remove(finder)
+        # SGLang's modules keep their references; later imports (torch's
+        # dynamo probes triton) must see these packages absent again.
+        for name in [n for n in sys.modules if n.split(".")[0] in finder.roots]:
+            if isinstance(sys.modules[name], _Stub):
+                del sys.modules[name]
 
 
 def load() -> Peers:

@@ -26,6 +26,7 @@ import xxhash
 
 from hicache.bench import storage_targets
 from hicache.bench.storage_targets import Target, open_target
+from hicache.cli_common import at_least
 from storage_backends import StorageBackend, create
 
 PAGE_SIZES = (64 << 10, 512 << 10, 2 << 20)
@@ -66,12 +67,25 @@ class Workload(NamedTuple):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=("lmdb", "file", "redis", "mooncake"), default="lmdb")
-    parser.add_argument("--json", type=Path, help="write the results as a JSON list here")
+    parser.add_argument(
+        "--backend",
+        choices=("lmdb", "file", "redis", "mooncake"),
+        default="lmdb",
+        help="the store measured",
+    )
+    parser.add_argument(
+        "--json", type=Path, help="write the results as a JSON list here (default: print only)"
+    )
     parser.add_argument("--dir", type=Path, help="scratch directory (default: a temp dir)")
-    parser.add_argument("--total-mb", type=int, default=256, help="bytes per page size (MiB)")
-    parser.add_argument("--batch-mb", type=int, default=16, help="bytes per batch call (MiB)")
-    parser.add_argument("--repeat", type=int, default=3, help="timed reads; the best counts")
+    parser.add_argument(
+        "--total-mb", type=at_least(1), default=256, help="bytes per page size (MiB)"
+    )
+    parser.add_argument(
+        "--batch-mb", type=at_least(1), default=16, help="bytes per batch call (MiB)"
+    )
+    parser.add_argument(
+        "--repeat", type=at_least(1), default=3, help="timed reads; the best counts"
+    )
     parser.add_argument("--no-sync", action="store_true", help="do not fsync backend write batches")
     storage_targets.add_arguments(parser)
 

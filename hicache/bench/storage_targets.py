@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from redis.cluster import RedisCluster
 
+from hicache.cli_common import at_least
 from storage_backends import StorageConfig
 from storage_backends.redis_backend import parse_endpoint
 from storage_backends.redis_cluster import ClusterOptions, LocalRedisCluster
@@ -145,7 +146,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoint", default="", help="redis, mooncake: use this store (default: start one)"
     )
-    parser.add_argument("--redis-masters", type=int, default=3, help="redis: local masters")
+    parser.add_argument(
+        "--redis-masters", type=at_least(1), default=3, help="redis: masters of the local cluster"
+    )
 
 
 @contextlib.contextmanager

@@ -1,12 +1,20 @@
 """What tiering buys: replay a workload through no cache, device, +host, +storage.
 
+Four rows, every one with the same device pool: no cache (every token is
+recomputed), device only, device + host, and device + host + storage. --config
+(and --set) decide the model, the device pool, the policies, the host pool of
+the two host rows (host.ratio 2.0 when the config turns the host tier off) and
+the backend of the storage row: lmdb or file in a temporary directory, redis or
+mooncake under a key prefix of this run, remote on the configured daemon,
+memory as it is; with no storage tier configured, LMDB in a temporary
+directory. It never changes which rows run: `--config device-only` still
+measures all four, from the device-only config's model and device pool.
+
 The replay is deterministic: each request waits for its own prefetch, and
-after it the bench drains every backup and storage write (``drain()``), so
-the next request meets the same cache on every run of the same seed and
-config. (The engine keeps the timing-dependent prefetch policy; only the
-bench pins it down.) The storage tier is the configured backend: lmdb or file
-in a temporary directory, redis or mooncake under a key prefix of this run,
-memory as it is; with none configured, LMDB in a temporary directory.
+after it the bench drains every backup and storage write (drain()), so the
+next request meets the same cache on every run of the same seed and config.
+(The engine keeps the timing-dependent prefetch policy; only the bench pins
+it down.)
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from typing import NamedTuple
 import torch
 
 from hicache.bench.provenance import provenance
+from hicache.bench.scratch import release_scratch
 from hicache.bench.workloads import (
     FewShotSpec,
     LongDocSpec,
@@ -32,6 +41,7 @@ from hicache.bench.workloads import (
     multiturn,
 )
 from hicache.cache import HiRadixCache
+from hicache.cli_common import at_least
 from hicache.config import CacheConfig, HostConfig
 from storage_backends import StorageConfig
 
@@ -93,16 +103,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="request trace",
     )
     parser.add_argument(
-        "--clients", type=int, default=48, help="conversations / documents / prefixes"
+        "--clients", type=at_least(1), default=48, help="conversations / documents / prefixes"
     )
-    parser.add_argument("--rounds", type=int, default=6, help="turns / questions / queries")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed")
+    parser.add_argument("--rounds", type=at_least(1), default=6, help="turns / questions / queries")
+    parser.add_argument("--seed", type=at_least(0), default=0, help="workload seed")
     parser.add_argument(
-        "--engines", type=int, choices=(1, 2), default=1, help="2: add own-LMDB vs shared-daemon"
+        "--engines",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: add two rows, two engine processes with their own LMDB, then sharing a daemon",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="report folder")
-    parser.add_argument("--json", type=Path, default=None, help="default: OUT/tiering.json")
-    parser.add_argument("--plot", type=Path, default=None, help="default: OUT/tiering.png")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="report file (default: OUT/tiering.json)"
+    )
+    parser.add_argument("--plot", type=Path, default=None, help="plot (default: OUT/tiering.png)")
 
 
 def build_trace(workload: str, clients: int, rounds: int, seed: int) -> list[TraceRequest]:
@@ -136,6 +152,39 @@ def tier_setups(config: CacheConfig, store_dir: Path) -> list[TierSetup]:
         TierSetup("device+host", replace(config, host=host, storage=StorageConfig())),
         TierSetup("device+host+storage", replace(config, host=host, storage=storage)),
     ]
+
+
+def describe_setups(config: CacheConfig, setups: list[TierSetup]) -> str:
+    """What each row is, and which of its tiers the bench chose because the config has none."""
+    lines = [
+        f"rows (each with the config's model, policies and device pool of "
+        f"{config.device.num_tokens:,} tokens):"
+    ]
+    lines += [f"  {s.name:<20}  {_tiers_text(s.config)}" for s in setups]
+    full = setups[-1].config
+    if full is not None and not config.host.enabled:
+        lines.append(
+            f"  the config has no host tier: the host rows use host.ratio {full.host.ratio}"
+        )
+    if full is not None and not config.storage.enabled:
+        lines.append(
+            f"  the config has no storage tier: the storage row uses {full.storage.backend}"
+        )
+    return "\n".join(lines)
+
+
+def _tiers_text(setup: CacheConfig | None) -> str:
+    if setup is None:
+        return "every token recomputed"
+    parts = ["device"]
+    if setup.host.enabled:
+        h = setup.host
+        parts.append(f"host ({f'{h.size_gb} GB' if h.size_gb else f'{h.ratio}× the device pool'})")
+    if setup.storage.enabled:
+        s = setup.storage
+        where = f" at {s.endpoint}" if s.endpoint else " in a temporary directory" * bool(s.path)
+        parts.append(f"storage ({s.backend}{where})")
+    return " + ".join(parts) if len(parts) > 1 else "device only"
 
 
 def serve(cache: HiRadixCache, req: TraceRequest) -> Served:
@@ -289,10 +338,13 @@ def run(args: argparse.Namespace) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="hicache-bench-") as tmp:
         setups = tier_setups(config, Path(tmp) / "store")
-        full = setups[-1].config
-        assert full is not None
-        print(f"storage tier: {full.storage.backend}")
+        print(describe_setups(config, setups))
         reports = [replay(s, trace) for s in setups]
+        full = setups[-1].config  # the set-up with the storage tier
+        assert full is not None
+        cleaned = release_scratch(full.storage)
+        if cleaned:
+            print(cleaned)
     print_table(reports)
     by_name = {r.name: r for r in reports}
     gain = ratio(by_name["device+host+storage"].hit_rate, by_name["device"].hit_rate)

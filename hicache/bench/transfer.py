@@ -24,6 +24,7 @@ import torch
 
 from device_pool.kv_pool import DeviceKVPool, resolve_device
 from device_pool.shape import KVShape, dtype_from_name
+from hicache.cli_common import at_least
 from host_pool.kv_pool import LAYOUTS, HostKVPool
 from transfer import TransferEngine, TransferOp, create_transfer_engine
 
@@ -55,19 +56,32 @@ class Setup(NamedTuple):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", type=Path, help="write the results as a JSON list here")
-    parser.add_argument("--op-mb", type=int, default=256, help="bytes moved per op (MiB)")
-    parser.add_argument("--page-tokens", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--dtype", default="float16")
-    parser.add_argument("--device", default="auto", help="device pool: auto, cpu or cuda")
-    parser.add_argument("--workers", type=int, default=2, help="CPU engine worker threads")
-    parser.add_argument("--io-backend", choices=("direct", "kernel"), default="direct")
-    parser.add_argument("--repeat", type=int, default=5, help="timed ops per direction")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--json", type=Path, help="write the results as a JSON list here (default: print only)"
+    )
+    parser.add_argument("--op-mb", type=at_least(1), default=256, help="bytes moved per op (MiB)")
+    parser.add_argument(
+        "--page-tokens", type=at_least(1), nargs="+", default=[1, 16, 64], help="page sizes"
+    )
+    parser.add_argument(
+        "--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS), help="host layouts"
+    )
+    parser.add_argument("--layers", type=at_least(1), default=32, help="model layers")
+    parser.add_argument("--kv-heads", type=at_least(1), default=8, help="KV heads")
+    parser.add_argument("--head-dim", type=at_least(1), default=128, help="head dimension")
+    parser.add_argument(
+        "--dtype", choices=("float32", "float16", "bfloat16"), default="float16", help="KV dtype"
+    )
+    parser.add_argument("--device", default="auto", help="device pool: auto, cpu or cuda[:N]")
+    parser.add_argument("--workers", type=at_least(1), default=2, help="CPU engine worker threads")
+    parser.add_argument(
+        "--io-backend",
+        choices=("direct", "kernel"),
+        default="direct",
+        help="kernel: cupy gather/scatter (CUDA only)",
+    )
+    parser.add_argument("--repeat", type=at_least(1), default=5, help="timed ops per direction")
+    parser.add_argument("--seed", type=at_least(0), default=0, help="page selection seed")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ import torch
 from hicache import native
 from hicache.bench.workloads import MultiTurnSpec, TraceRequest, multiturn
 from hicache.cache import HiRadixCache
+from hicache.cli_common import at_least
 from hicache.config import CacheConfig, HostConfig, ModelConfig
 from hicache.radix_tree import Key, Tokens, extend_key
 from storage_backends import StorageConfig
@@ -51,10 +52,19 @@ class TreeBenchResult:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--page-size", type=int, default=None, help="override device.page_size")
-    parser.add_argument("--conversations", type=int, default=200)
-    parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--json", type=Path, default=None, help="write the result here")
+    parser.add_argument(
+        "--page-size",
+        type=at_least(1),
+        default=None,
+        help="tokens per page (default: device.page_size of --config)",
+    )
+    parser.add_argument(
+        "--conversations", type=at_least(1), default=200, help="conversations in the trace"
+    )
+    parser.add_argument("--turns", type=at_least(1), default=8, help="turns per conversation")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="write the result here (default: print only)"
+    )
     parser.add_argument(
         "--convert-whole",
         action="store_true",

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from hicache import config_loader
+from hicache.config_loader import Scalar
 from hicache.daemon.protocol import Limits
 
 _TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -44,6 +44,13 @@ class ServerConfig:
     max_inflight_bytes: int = 2 << 30
     ready_file: str = ""
     shutdown_timeout_s: float = 30.0
+    # GET replies handed to ZeroMQ but not yet taken by the client: a client over its
+    # share (or all clients over the total) gets BUSY instead of more pages.
+    max_queued_reply_bytes_per_peer: int = 256 << 20
+    max_queued_reply_bytes: int = 1 << 30
+    max_peers: int = 4096  # connections beyond are shut at once (also kept under the fd limit)
+    heartbeat_s: float = 10.0  # ZMTP heartbeats; a peer silent for 3 intervals is dropped; 0: off
+    handshake_timeout_s: float = 10.0  # a connection that has not handshaken by then is dropped
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.endpoint)
@@ -58,6 +65,10 @@ class ServerConfig:
         _check(self.max_inflight_requests >= 1, "server.max_inflight_requests", "must be >= 1")
         _check(self.max_inflight_bytes >= 1, "server.max_inflight_bytes", "must be >= 1")
         _check(self.shutdown_timeout_s > 0, "server.shutdown_timeout_s", "must be > 0")
+        for name in ("max_queued_reply_bytes_per_peer", "max_queued_reply_bytes", "max_peers"):
+            _check(getattr(self, name) >= 1, f"server.{name}", "must be >= 1")
+        _check(self.heartbeat_s >= 0, "server.heartbeat_s", "must be >= 0")
+        _check(self.handshake_timeout_s > 0, "server.handshake_timeout_s", "must be > 0")
 
 
 @dataclass(frozen=True)
@@ -88,10 +99,16 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class TenantConfig:
-    """One allowed client: ``public_key`` is a z85 key (40 chars) or a key file from keygen."""
+    """One allowed client: ``public_key`` is a z85 key (40 chars) or a key file from keygen.
+
+    ``max_store_bytes`` > 0 gives the tenant a store of its own with that capacity (its
+    pages evict only its own); 0 keeps it in the shared store. ``admin`` lets its STATS
+    show the whole daemon; other tenants see their own figures only."""
 
     name: str
     public_key: str
+    max_store_bytes: int = 0
+    admin: bool = False
 
     def __post_init__(self) -> None:
         _check(
@@ -100,6 +117,7 @@ class TenantConfig:
             f"must match {_TENANT_NAME.pattern}, got {self.name!r}",
         )
         _check(bool(self.public_key), "auth.tenants.public_key", "must not be empty")
+        _check(self.max_store_bytes >= 0, "auth.tenants.max_store_bytes", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -138,22 +156,22 @@ class DaemonConfig:
         )
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> DaemonConfig:
-        """Load ``path``; ValueError (naming file and key) for bad content, OSError if
-        unreadable."""
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"{path}: invalid TOML: {e}") from None
-        try:
-            return cls.from_mapping(data)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{path}: {e}") from None
+    def from_toml(
+        cls, path: str | Path, overrides: Mapping[str, Scalar] | None = None
+    ) -> DaemonConfig:
+        """Load ``path`` and apply ``overrides`` (``"section.key" -> value``, as ``--set``):
+        ConfigError (a ValueError) naming the file or ``--set`` and the key for bad
+        content, OSError if unreadable."""
+        return cls.from_mapping(config_loader.read_toml(path), overrides, source=str(path))
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, object]) -> DaemonConfig:
-        return _build(cls, data, "")
+    def from_mapping(
+        cls,
+        data: Mapping[str, object],
+        overrides: Mapping[str, Scalar] | None = None,
+        source: str = "<config>",
+    ) -> DaemonConfig:
+        return config_loader.load(cls, data, source, overrides)
 
     def with_overrides(self, **sections: Mapping[str, object]) -> DaemonConfig:
         """A copy with fields replaced, e.g. ``with_overrides(store={"path": p})`` (validated)."""
@@ -163,39 +181,3 @@ class DaemonConfig:
             if values
         }
         return dataclasses.replace(self, **changes)
-
-
-def _build(cls: type, table: Mapping[str, object], prefix: str) -> typing.Any:
-    """Construct dataclass ``cls`` from a TOML table, checking names and scalar types."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - names)
-    _check(
-        not unknown,
-        f"{prefix}{unknown[0] if unknown else ''}",
-        f"unknown key; known: {sorted(names)}",
-    )
-    kwargs: dict[str, object] = {}
-    for name, value in table.items():
-        kind, key = hints[name], f"{prefix}{name}"
-        if dataclasses.is_dataclass(kind):
-            _check(isinstance(value, Mapping), key, "must be a table")
-            kwargs[name] = _build(kind, value, f"{key}.")  # type: ignore[arg-type]
-        elif typing.get_origin(kind) is tuple:
-            if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
-                raise ValueError(f"{key}: must be an array of tables")
-            item = typing.get_args(kind)[0]
-            kwargs[name] = tuple(_build(item, v, f"{key}.") for v in value)
-        else:
-            kwargs[name] = _scalar(value, kind, key)
-    return cls(**kwargs)
-
-
-def _scalar(value: object, kind: type, key: str) -> object:
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    wrong_bool = isinstance(value, bool) and kind is not bool
-    _check(
-        isinstance(value, kind) and not wrong_bool, key, f"expected {kind.__name__}, got {value!r}"
-    )
-    return value

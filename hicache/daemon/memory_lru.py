@@ -8,8 +8,9 @@ from typing import NamedTuple
 
 from hicache.daemon.protocol import Frame
 
-# Charged per entry on top of the record, so that many tiny pages also respect the bound.
-ENTRY_OVERHEAD = 128
+# Charged per entry on top of the record, so that many tiny pages also respect the bound:
+# the key and record objects, the OrderedDict slot and node, allocator rounding (measured).
+ENTRY_OVERHEAD = 256
 
 
 class LruSize(NamedTuple):
@@ -22,7 +23,7 @@ class ByteLRU:
     """Key → page record, least recently used first out once ``capacity`` bytes are exceeded.
 
     Thread-safe (one lock). Records are kept as given (``bytes`` or a read-only
-    view of a received frame), never copied. ``generation`` changes on every
+    view of a large received frame), never copied here. ``generation`` changes on every
     removal so that a reader can tell that a delete raced its read-through.
     """
 

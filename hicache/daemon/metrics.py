@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hicache.daemon.protocol import ErrorCode, Op, StatValue
-from hicache.daemon.store import StoreSize
+from hicache.daemon.store import StoreSize, TenantSize
 from hicache.daemon.writer import WriterStats
 
 _PREFIX = "hicache_daemon"
@@ -86,6 +86,13 @@ class DaemonMetrics:
             f"{_PREFIX}_received_bytes", "bytes of requests received", registry=reg
         )
         self.sent = Counter(f"{_PREFIX}_sent_bytes", "bytes of replies sent", registry=reg)
+        self.tenant_requests = Counter(
+            f"{_PREFIX}_tenant_requests",
+            "requests received, by tenant",
+            ["tenant", "op"],
+            registry=reg,
+        )
+        self.peers = Gauge(f"{_PREFIX}_peers", "client connections open", registry=reg)
         self.in_flight = Gauge(
             f"{_PREFIX}_in_flight_requests", "writes waiting for their commit", registry=reg
         )
@@ -118,6 +125,22 @@ class DaemonMetrics:
                     continue
                 labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
                 stats[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+        return stats
+
+    def tenant_snapshot(self, tenant: str, size: TenantSize | None) -> dict[str, StatValue]:
+        """What a tenant may see: its own requests (as ``requests_total``) and, when it has
+        a store of its own, that store's size under the whole daemon's names."""
+        stats: dict[str, StatValue] = {}
+        for family in self.tenant_requests.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels["tenant"] == tenant:
+                    op = sample.labels["op"]
+                    stats[f'{_PREFIX}_requests_total{{op="{op}"}}'] = sample.value
+        if size is not None:
+            stats[f"{_PREFIX}_store_pages"] = size.store_entries
+            stats[f"{_PREFIX}_store_used_bytes"] = size.store_bytes
+            stats[f"{_PREFIX}_store_capacity_bytes"] = size.store_capacity_bytes
+            stats[f'{_PREFIX}_evictions_total{{tier="store"}}'] = size.store_evictions
         return stats
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import zmq
 
-from hicache.daemon.auth import load_key_pair, load_public_key
+from hicache.daemon.auth import KeyPair, load_key_pair, load_public_key
 from hicache.daemon.protocol import (
     ErrorReply,
     Frame,
@@ -24,6 +24,13 @@ from hicache.daemon.protocol import (
 
 class DaemonCallError(Exception):
     """No usable reply: timeout, an error reply, or a reply that breaks the protocol."""
+
+
+def _hint(pair: KeyPair | None) -> str:
+    # A CURVE daemon never answers a client whose handshake it refused: say so.
+    if pair is None:
+        return "if the daemon runs with auth.curve, pass --server-key and --client-key"
+    return "check --server-key (the daemon's public key) and that the daemon lists this client"
 
 
 def call(
@@ -43,6 +50,7 @@ def call(
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     with context.socket(zmq.DEALER) as sock:
         sock.setsockopt(zmq.LINGER, 0)
+        pair = None
         if server_key or client_key:
             if not (server_key and client_key):
                 raise DaemonCallError("CURVE needs both --server-key and --client-key")
@@ -55,7 +63,7 @@ def call(
             raise DaemonCallError(f"cannot reach {endpoint} within {timeout_s} s")
         sock.send_multipart(encode_request(Request(op, 1, tuple(keys), tuple(pages))), zmq.NOBLOCK)
         if not sock.poll(int(timeout_s * 1000)):
-            raise DaemonCallError(f"no reply from {endpoint} within {timeout_s} s")
+            raise DaemonCallError(f"no reply from {endpoint} within {timeout_s} s; {_hint(pair)}")
         try:
             reply = decode_reply(sock.recv_multipart(), op)
         except ProtocolError as exc:

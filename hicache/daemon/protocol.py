@@ -1,4 +1,4 @@
-"""The daemon's wire protocol v1 (``/work/coord/daemon_protocol.md``), shared by server and client.
+"""The daemon's wire protocol v1 (``docs/protocol.md``), shared by server and client.
 
 A message is a list of frames: frame 0 is a msgpack map (the header), then raw
 payload frames. This module turns frames into typed records and back and

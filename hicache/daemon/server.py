@@ -3,7 +3,9 @@
 One thread owns the socket: it decodes each request, answers reads (PING,
 STATS, EXISTS, GET) at once from the store, and hands writes (PUT, DELETE) to
 the writer thread, replying when their commit is done. Every failure becomes an
-error reply; nothing a client sends can stop the loop.
+error reply; nothing a client sends can stop the loop. What a client can make
+the daemon hold is bounded: writes in flight, GET replies it has not read
+(``replies``), connections (``peers``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import zmq
 from hicache.daemon.auth import DEFAULT_TENANT, CurveAuth
 from hicache.daemon.config import DaemonConfig, is_loopback
 from hicache.daemon.metrics import DaemonMetrics
+from hicache.daemon.peers import PeerGuard, raise_fd_limit
 from hicache.daemon.protocol import (
     DeleteReply,
     ErrorCode,
@@ -40,6 +43,7 @@ from hicache.daemon.protocol import (
     decode_request,
     encode_reply,
 )
+from hicache.daemon.replies import ReplyBudget
 from hicache.daemon.store import DaemonStore, check_record, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
 from storage_backends.page_format import Verdict
@@ -99,7 +103,7 @@ class DaemonServer:
         self._auth: CurveAuth | None = None
         try:
             self._auth = CurveAuth(self._context, config.auth) if config.auth.curve else None
-            self._store = DaemonStore(config.store, config.limits.max_page_bytes)
+            self._store = DaemonStore(config.store, config.limits.max_page_bytes, _quotas(config))
         except BaseException:
             if self._auth is not None:
                 self._auth.stop()
@@ -110,8 +114,14 @@ class DaemonServer:
         self._wake_in = self._context.socket(zmq.PULL)
         self._wake_out = self._context.socket(zmq.PUSH)
         self._writer: Writer | None = None
+        self._peers: PeerGuard | None = None
         self._in_flight = 0
         self._in_flight_bytes = 0
+        server = config.server
+        self._replies = ReplyBudget(
+            server.max_queued_reply_bytes_per_peer, server.max_queued_reply_bytes
+        )
+        self._admins = {t.name for t in config.auth.tenants if t.admin}
         self._server = server_version()
 
     def _writer_stats(self) -> WriterStats:
@@ -120,6 +130,7 @@ class DaemonServer:
     def start(self) -> Bound:
         """Bind the socket (and metrics port), start the writer, write the ready file."""
         self._configure_router()
+        self._peers = PeerGuard(self._router, self._config.server.max_peers, raise_fd_limit())
         self._router.bind(_bind_address(self._config.server.endpoint))
         endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         wake = f"inproc://hicache-daemon-wake-{id(self)}"
@@ -134,7 +145,8 @@ class DaemonServer:
         if self._config.server.ready_file:  # first: once the banner is logged, the file is there
             _write_ready_file(Path(self._config.server.ready_file), bound)
         # hicache.bench.processes reads the endpoint from this line: keep its wording.
-        logger.info("hicache daemon listening on %s (metrics port %s)", endpoint, port)
+        metrics_text = "metrics off" if port is None else f"metrics on {metrics.host}:{port}"
+        logger.info("hicache daemon listening on %s (%s)", endpoint, metrics_text)
         return bound
 
     def _configure_router(self) -> None:
@@ -144,6 +156,13 @@ class DaemonServer:
         sock.setsockopt(zmq.MAXMSGSIZE, 2 * self._limits.max_frame_bytes + 4096)
         sock.setsockopt(zmq.RCVHWM, self._config.server.max_inflight_requests)
         sock.setsockopt(zmq.LINGER, _LINGER_MS)
+        server = self._config.server
+        # Peers that vanished without a FIN, or connect and never handshake, give their fd back.
+        sock.setsockopt(zmq.HANDSHAKE_IVL, int(server.handshake_timeout_s * 1000))
+        if server.heartbeat_s > 0:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, int(server.heartbeat_s * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(3 * server.heartbeat_s * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TTL, int(3 * server.heartbeat_s * 1000))
         if self._auth is not None:
             self._auth.secure(sock)
 
@@ -162,8 +181,13 @@ class DaemonServer:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._wake_in, zmq.POLLIN)
+        if self._peers is not None:
+            poller.register(self._peers.socket, zmq.POLLIN)
         while not self._stopping.is_set():
             events = dict(poller.poll(_POLL_MS))
+            self._replies.sweep()
+            if self._peers is not None and self._peers.socket in events:
+                self._metrics.peers.set(self._peers.handle().connected)
             if self._wake_in in events:
                 self._deliver_writes()
             if self._router in events:
@@ -187,6 +211,7 @@ class DaemonServer:
         try:
             request = decode_request([frame.buffer for frame in body], self._limits)
             tenant = self._tenant(body[0])
+            self._metrics.tenant_requests.labels(tenant=tenant, op=request.op.value).inc()
             reply = self._dispatch(identity, request, tenant, start, nbytes)
         except ProtocolError as exc:
             request_id = request.id if request is not None else exc.request_id
@@ -218,25 +243,41 @@ class DaemonServer:
         if request.op is Op.PING:
             return PingReply(request.id, self._server)
         if request.op is Op.STATS:
-            return StatsReply(request.id, self._metrics.snapshot())
+            return self._stats(request, tenant)
         if request.op is Op.EXISTS:
-            return ExistsReply(request.id, self._store.exists(keys))
+            return ExistsReply(request.id, self._store.exists(keys, tenant))
         if request.op is Op.GET:
-            return self._get(request, keys)
+            return self._get(identity, request, keys, tenant)
         self._admit_write(request, nbytes)
         assert self._writer is not None
-        self._writer.submit(
-            WriteJob(request.op, keys, request.pages, _Pending(identity, request, start, nbytes))
-        )
+        pending = _Pending(identity, request, start, nbytes)
+        self._writer.submit(WriteJob(request.op, keys, request.pages, pending, tenant))
         self._in_flight += 1
         self._in_flight_bytes += nbytes
         self._metrics.in_flight.set(self._in_flight)
         return None
 
-    def _get(self, request: Request, keys: tuple[bytes, ...]) -> GetReply:
-        # Replies are capped like requests, so a GET of many large pages cannot pile up memory.
-        lookup = self._store.get(keys, request.keys, self._limits.max_request_bytes)
+    def _stats(self, request: Request, tenant: str) -> StatsReply:
+        """The whole daemon's figures without CURVE or for an admin tenant, else the
+        tenant's own (its requests; its store's size when it has a quota)."""
+        if self._auth is None or tenant in self._admins:
+            return StatsReply(request.id, self._metrics.snapshot())
+        own = self._metrics.tenant_snapshot(tenant, self._store.tenant_size(tenant))
+        return StatsReply(request.id, own)
+
+    def _get(
+        self, identity: zmq.Frame, request: Request, keys: tuple[bytes, ...], tenant: str
+    ) -> GetReply:
+        # Replies are capped like requests and by the room left for replies not yet taken
+        # by this peer (and all peers), so a client that never reads cannot pile up memory.
+        room = self._replies.room(identity.bytes)
+        if room <= 0:
+            raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
+        cap = min(room, self._limits.max_request_bytes)
+        lookup = self._store.get(keys, request.keys, cap, tenant)
         pages = tuple(record for record in lookup.records if record is not None)
+        if lookup.truncated and not pages and room < self._limits.max_request_bytes:
+            raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
         misses = len(keys) - len(pages)
         self._metrics.lookups.labels(result="hit", tier="memory").inc(lookup.memory_hits)
         self._metrics.lookups.labels(result="hit", tier="store").inc(lookup.store_hits)
@@ -294,11 +335,21 @@ class DaemonServer:
         if op is not None:
             self._metrics.requests.labels(op=op.value).inc()
             self._metrics.latency.labels(op=op.value).observe(time.perf_counter() - start)
-        self._metrics.sent.inc(sum(len(frame) for frame in frames))
+        nbytes = sum(len(frame) for frame in frames)
+        self._metrics.sent.inc(nbytes)
+        track = isinstance(reply, GetReply) and bool(reply.pages)
         try:
-            self._router.send_multipart([identity, *frames], copy=False)
+            # A received frame cannot be re-sent tracked: the identity goes as bytes.
+            peer = identity.bytes if track else identity
+            tracker = self._router.send_multipart([peer, *frames], copy=False, track=track)
         except zmq.ZMQError as exc:
             logger.debug("reply not sent: %s", exc)
+            return
+        except Exception:  # a bug must not end the loop (the client then times out)
+            logger.exception("reply not sent")
+            return
+        if tracker is not None:
+            self._replies.add(identity.bytes, tracker, nbytes)
 
     def close(self) -> bool:
         """Finish and answer queued writes, then close everything (idempotent; call it
@@ -314,6 +365,8 @@ class DaemonServer:
                 self._finish_write(done)
         self._wake_in.close(linger=0)
         self._wake_out.close(linger=0)
+        if self._peers is not None:
+            self._peers.close()
         self._router.close(linger=_LINGER_MS)
         if self._auth is not None:
             self._auth.stop()
@@ -324,6 +377,12 @@ class DaemonServer:
             logger.error("writer did not finish within the shutdown timeout")
         self._context.term()
         return finished
+
+
+def _quotas(config: DaemonConfig) -> dict[str, int]:
+    if not config.auth.curve:
+        return {}
+    return {t.name: t.max_store_bytes for t in config.auth.tenants if t.max_store_bytes > 0}
 
 
 def _write_ready_file(path: Path, bound: Bound) -> None:

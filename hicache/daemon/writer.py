@@ -21,6 +21,7 @@ class WriteJob(NamedTuple):
     keys: tuple[bytes, ...]  # scoped keys
     records: tuple[Frame, ...]  # PUT only
     token: object
+    tenant: str | None = None  # picks the tenant's own store when it has a quota
 
 
 class WriteDone(NamedTuple):
@@ -85,8 +86,13 @@ class Writer:
             start = 0
             while start < len(batch):
                 end = start + 1
-                if batch[start].op is Op.PUT:
-                    while end < len(batch) and batch[end].op is Op.PUT:
+                first = batch[start]
+                if first.op is Op.PUT:  # one commit per run of PUTs into the same store
+                    while (
+                        end < len(batch)
+                        and batch[end].op is Op.PUT
+                        and batch[end].tenant == first.tenant
+                    ):
                         end += 1
                 for done in self._apply(batch[start:end]):
                     self._done.put(done)
@@ -111,10 +117,11 @@ class Writer:
     def _apply(self, jobs: Sequence[WriteJob]) -> list[WriteDone]:
         try:
             if jobs[0].op is Op.DELETE:
-                return [WriteDone(jobs[0], deleted=self._store.delete(jobs[0].keys))]
+                job = jobs[0]
+                return [WriteDone(job, deleted=self._store.delete(job.keys, job.tenant))]
             keys = [key for job in jobs for key in job.keys]
             records = [record for job in jobs for record in job.records]
-            stored = self._store.put(keys, records)
+            stored = self._store.put(keys, records, jobs[0].tenant)
             self._commits += 1
             self._committed_requests += len(jobs)
         except Exception as exc:  # the thread must outlive any failure; the jobs get INTERNAL

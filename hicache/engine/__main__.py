@@ -3,7 +3,7 @@
 ``python -m hicache.engine [--config default|PATH] [--set section.key=value ...]``
 
 The store (lmdb, file) goes to ``storage.path``, or when that is empty to
-``$XDG_CACHE_HOME/hicache/store/<model>`` (else ``~/.cache/hicache/...``);
+``$XDG_CACHE_HOME/hicache/store/<fingerprint>`` (else ``~/.cache/hicache/...``);
 a second run says when it reuses what an earlier one stored.
 
 Between turns the cache is pushed down a tier in turn (``--evict cycle``):
@@ -30,6 +30,12 @@ from hicache.engine.scheduler import Engine, EngineOptions
 from storage_backends import StorageError
 
 EVICTIONS = ("none", "host", "storage", "cycle")
+PUSHED = {
+    "none": "kept on device",
+    "host": "pushed to host memory",
+    "storage": "pushed to storage",
+    "cycle": "kept on device, then pushed to host, then to storage, in turn",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,24 +55,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_engine(config: CacheConfig, args: argparse.Namespace) -> Engine:
     cache = HiRadixCache(config)
-    say_where_the_store_is(cache)
     device = cache.device_pool.device
     spec = ModelSpec.for_cache(config.model, args.hidden, args.vocab, device, args.seed)
     options = EngineOptions(chunk_size=args.chunk_size)
     return Engine(TinyLlama(spec, device), cache, options)
 
 
-def say_where_the_store_is(cache: HiRadixCache) -> None:
-    """Name the store directory, and say so when an earlier run filled it."""
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def describe_tiers(cache: HiRadixCache) -> list[str]:
+    """What each tier holds and where the store is (and whether an earlier run filled it)."""
+    dev = cache.device_pool
+    lines = [f"  device  {dev.size:>9,} tokens  {_mib(dev.nbytes):>12}  on {dev.device}"]
+    host = cache.host_pool
+    if host is not None:
+        layout = cache.config.host.layout
+        lines.append(f"  host    {host.size:>9,} tokens  {_mib(host.nbytes):>12}  {layout}")
     storage = cache.config.storage
-    if cache.storage is None or storage.backend not in ("lmdb", "file"):
-        return
-    where = dataclasses.replace(storage, fingerprint=cache.fingerprint.hex()).store_dir()
-    pages = cache.storage.backend.stats().entries
-    if pages:
-        print(f"reusing the store at {where}: {pages:,} pages from an earlier run")
+    if cache.storage is None:
+        lines.append("  storage off")
+    elif storage.backend in ("lmdb", "file"):
+        where = dataclasses.replace(storage, fingerprint=cache.fingerprint.hex()).store_dir()
+        pages = cache.storage.backend.stats().entries
+        reused = f"reusing the store at {where}: {pages:,} pages from an earlier run"
+        lines.append(f"  storage {storage.backend}, {reused if pages else f'new store at {where}'}")
     else:
-        print(f"new store at {where}")
+        lines.append(f"  storage {storage.backend} {storage.endpoint}".rstrip())
+    return lines
+
+
+def describe(engine: Engine, config: CacheConfig, args: argparse.Namespace) -> None:
+    spec = engine.model.spec
+    print(f"model {config.model.model_id}: TinyLlama, {spec.describe()}")
+    print(f"  on {engine.model.device}, torch {torch.__version__}")
+    print("tiers:")
+    for line in describe_tiers(engine.cache):
+        print(line)
+    print(f"{args.turns} turns of {args.turn_tokens} new tokens; between turns the history "
+          f"is {PUSHED[args.evict]} (--evict {args.evict})")  # fmt: skip
+    print("prompt tokens by where their KV came from (computed: cached nowhere)")
 
 
 def push_down(cache: HiRadixCache, turn: int, mode: str) -> None:
@@ -97,9 +126,16 @@ def chat(engine: Engine, args: argparse.Namespace) -> list[RequestOutput]:
 
 def report(turn: int, prompt_len: int, out: RequestOutput) -> None:
     if turn == 1:
-        print(f"{'turn':>4} {'prompt':>7} {'device':>7} {'host':>7} {'storage':>8} {'ttft_ms':>9}")
+        print(
+            f"{'turn':>4} {'prompt':>7} {'device':>7} {'host':>7} {'storage':>8} "
+            f"{'computed':>9} {'TTFT ms':>9}"
+        )
     h, ms = out.hits, out.ttft_s * 1e3
-    print(f"{turn:>4} {prompt_len:>7} {h.device:>7} {h.host:>7} {h.storage:>8} {ms:>9.1f}")
+    computed = prompt_len - h.total
+    print(
+        f"{turn:>4} {prompt_len:>7} {h.device:>7} {h.host:>7} {h.storage:>8} "
+        f"{computed:>9} {ms:>9.1f}"
+    )
 
 
 def _start(config: CacheConfig, args: argparse.Namespace) -> Engine:
@@ -122,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, StorageError) as e:
         print(f"hicache.engine: {e}", file=sys.stderr)
         return 2
-    print(f"model {engine.model.spec} on {engine.model.device}, torch {torch.__version__}")
+    describe(engine, config, args)
     try:
         chat(engine, args)
     finally:

@@ -67,6 +67,19 @@ class ModelSpec:
         if self.attention_block < 1:
             raise ValueError("attention_block must be >= 1")
 
+    def describe(self) -> str:
+        """One line for a person: layers, heads, widths, dtypes."""
+        if self.attention == "mla":
+            kv = f"MLA latent {self.kv_lora_rank} + rope {self.rope_dim}"
+        else:
+            kv = f"{self.kv_heads} KV heads of {self.head_dim}"
+        compute = self.compute_dtype or self.dtype
+        dtypes = f"{self.dtype} KV" + (f", {compute} compute" if compute != self.dtype else "")
+        return (
+            f"{self.num_layers} layers, {self.num_heads} heads ({kv}), hidden {self.hidden}, "
+            f"vocab {self.vocab}, {dtypes}"
+        )
+
     @classmethod
     def for_cache(
         cls, model: ModelConfig, hidden: int, vocab: int, device: torch.device, seed: int = 0

@@ -89,7 +89,7 @@ class StructFormat(ABC, Generic[Batch]):
         """Inverse of ``encode``; msgspec.ValidationError/DecodeError for other bytes."""
         return self._decoder.decode(payload)
 
-    # Replays as both peers' publishers frame them (vLLM main, SGLang 0.5.23):
+    # Replays as both peers' publishers frame them (vLLM 0.33.0, SGLang 0.5.23):
     # the live frames again, then an end marker with an empty topic.
     def replay_frames(self, topic: bytes, seq: bytes, payload: bytes) -> list[bytes]:
         return [topic, seq, payload]

@@ -1,12 +1,13 @@
 """KV events as vLLM's routers decode them.
 
-Schema: ``vllm/distributed/kv_events.py`` in vllm-project/vllm (v0.28.0 and
-main). The batch is a positional array ``[ts, events]`` (``data_parallel_rank``
-is a trailing default that is never set here); each event is a msgpack map
+Schema: ``vllm/distributed/kv_events.py`` in vllm-project/vllm (checked against
+the vllm 0.33.0 wheel: the tests decode with its Structs). The batch is a
+positional array ``[ts, events]`` (``data_parallel_rank`` is a trailing
+default that is never set here); each event is a msgpack map
 whose ``"type"`` key names the event class, with fields left at their default
 omitted. Fields that vLLM declares with defaults and that hicache never sets
-(``extra_keys``, ``group_idx``, ``kv_cache_spec_*``, ``locality``, and on main
-``event_version``/``ownership``) are left out of these Structs: with
+(``extra_keys``, ``group_idx``, ``kv_cache_spec_*``, ``locality``, ``ownership``,
+``session_id``, ``lookahead_token_ids``) are left out of these Structs: with
 ``omit_defaults`` they would not appear on the wire anyway, and a map-decoding
 peer fills them with its own defaults.
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from redis.cluster import RedisCluster
 
 from hicache.cli import main
 from storage_backends.mooncake_local import MooncakeUnavailableError, mooncake_binaries
+from storage_backends.redis_backend import parse_endpoint
 from storage_backends.redis_cluster import ClusterOptions, LocalRedisCluster, redis_server_binary
 
 
@@ -46,13 +49,20 @@ def test_tiering_bench_runs_its_storage_row_on_redis(
     with LocalRedisCluster(ClusterOptions(masters=3)) as cluster:
         argv = ["bench", "tiering", "--config", str(cfg), "--clients", "8", "--rounds", "3"]
         argv += ["--set", "storage.backend=redis", "--set", f"storage.endpoint={cluster.endpoint}"]
+        fleet = RedisCluster(startup_nodes=parse_endpoint(cluster.endpoint))
+        fleet.set("hicache:someone-else", b"kept")  # a fleet's key under the default prefix
+        fleet.close()
         assert main([*argv, "--out", str(out)]) == 0
         clients = [cluster.client(i) for i in range(len(cluster.nodes))]
-        stored = sum(int(client.dbsize()) for client in clients)
+        left = [k for c in clients for k in c.scan_iter(count=1000)]
         for client in clients:
             client.close()
-    assert "storage tier: redis" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "+ storage (redis at redis://" in printed
+    pattern = r"removed the bench's ([\d,]+) keys under '(hicache-[^']+):\*'"
+    (removed,) = re.findall(pattern, printed)
     by = {c["name"]: c for c in json.loads((out / "tiering.json").read_text())["configs"]}
-    assert by["device+host+storage"]["peak_bytes"]["storage"] > 0
+    assert by["device+host+storage"]["peak_bytes"]["storage"] > 0  # the pages went to the cluster
     assert by["device+host+storage"]["hit_rate"] >= by["device"]["hit_rate"]
-    assert stored > 0  # the pages went to the cluster
+    assert int(removed[0].replace(",", "")) > 0
+    assert left == [b"hicache:someone-else"]  # the bench's keys are gone, nobody else's

@@ -21,6 +21,7 @@ from hicache.daemon.protocol import (
     PingReply,
     Reply,
     Request,
+    StatsReply,
     decode_reply,
     encode_request,
 )
@@ -125,11 +126,20 @@ class Daemon:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
-    def rss_bytes(self) -> int:
+    def rss_bytes(self, field: str = "VmRSS") -> int:
+        """A memory figure of ``/proc/<pid>/status`` (``RssAnon``: heap, not the LMDB map)."""
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-        raise AssertionError("no VmRSS")
+        raise AssertionError(f"no {field}")
+
+    def stat_map(self, client: Client) -> dict[str, float]:
+        reply = client.call(Op.STATS)
+        assert isinstance(reply, StatsReply), reply
+        return dict(reply.stats)
+
+    def stat(self, client: Client, name: str) -> float:
+        return self.stat_map(client)[name]
 
     def alive(self) -> bool:
         return self.proc.poll() is None

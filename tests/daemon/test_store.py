@@ -9,6 +9,8 @@ import pytest
 from hicache.daemon.config import StoreConfig
 from hicache.daemon.memory_lru import ENTRY_OVERHEAD, ByteLRU
 from hicache.daemon.store import DaemonStore, scoped_key
+from storage_backends.errors import StorageWriteError
+from storage_backends.lmdb_backend import LmdbBackend
 
 from .conftest import page_key, page_record
 
@@ -85,3 +87,21 @@ def test_lru_is_bounded_and_refuses_stale_read_through() -> None:
     assert lru.pop(b"a")
     assert not lru.put(b"a", b"x" * 100, generation)  # a delete raced this read-through
     assert lru.size().bytes_used <= 2 * (100 + ENTRY_OVERHEAD)
+
+
+def test_a_failed_lmdb_delete_raises_and_leaves_both_tiers(store, monkeypatch) -> None:
+    client_keys = [page_key(i) for i in range(2)]
+    records = [page_record(key, i) for i, key in enumerate(client_keys)]
+    keys = [scoped_key("t", key) for key in client_keys]
+    s = store()
+    assert s.put(keys, records) == [True, True]
+
+    def fail(self: LmdbBackend, keys: object) -> int:
+        raise StorageWriteError("injected: the transaction did not commit")
+
+    monkeypatch.setattr(LmdbBackend, "remove", fail)
+    with pytest.raises(StorageWriteError):  # the daemon answers INTERNAL, not deleted=2
+        s.delete(keys)
+    monkeypatch.undo()
+    assert s.get(keys, client_keys, 1 << 30).records == records
+    assert s.delete(keys) == 2

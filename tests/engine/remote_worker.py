@@ -16,6 +16,7 @@ from hicache.config import CacheConfig
 from tests.engine.helpers import SPEC, chat, engine, push_to_storage, tokens
 
 PAGE_SIZE = 16
+REPO = Path(__file__).resolve().parents[2]
 
 
 def remote_config(endpoint: str, timeout_s: float = 5.0) -> CacheConfig:
@@ -36,7 +37,7 @@ def remote_config(endpoint: str, timeout_s: float = 5.0) -> CacheConfig:
         "policy.prefetch_threshold": 1,
         "policy.prefetch_policy": "wait_complete",
     }
-    return CacheConfig.from_toml("configs/remote.toml", overrides)
+    return CacheConfig.from_toml(REPO / "configs" / "remote.toml", overrides)
 
 
 def user_turns() -> list[list[int]]:

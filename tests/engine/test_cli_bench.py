@@ -147,3 +147,42 @@ def test_cli_names_a_metrics_port_in_use(
         assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"metrics.port {port}" in err and "in use" in err
+
+
+def report_doc(host_p50: float) -> dict[str, object]:
+    ttft = {c: {"p50": 10.0, "p90": 12.0} for c in bench.CASES}
+    ttft["recompute"] = {"p50": 50.0, "p90": 55.0}
+    ttft["host"] = {"p50": host_p50, "p90": host_p50 + 3.0}
+    cost = {t: {"p50": ttft[t]["p50"] - 10.0, "p90": 2.0} for t in bench.TIERS}
+    return {
+        "rounds": 5,
+        "ttft_ms": ttft,
+        "tier_cost_ms": cost,
+        "probe_ms_per_1k_tokens": {k: {"p50": 0.5, "p90": 0.7} for k in bench.PROBES},
+        "cold_store": {
+            "drops_that_took_effect": 5,
+            "drops": 5,
+            "resident_before_bytes": 2 << 20,
+            "resident_after_bytes": 0,
+            "store_bytes": 2 << 20,
+        },
+    }
+
+
+def test_engine_bench_report_has_units_no_nan_and_names_noise() -> None:
+    lines: list[str] = []
+    bench.print_report(report_doc(host_p50=9.5), lines.append)
+    text = "\n".join(lines)
+    assert "nan" not in text.lower()
+    header = next(line for line in lines if line.startswith("case"))
+    assert header.count("ms") == 4  # every figure column says its unit
+    rows = {line.split()[0]: line.split() for line in lines}
+    assert rows["recompute"][3:] == ["—", "—"] and rows["device"][3:] == ["—", "—"]
+    assert rows["host"][3] == "-0.50"
+    (note,) = [line for line in lines if line.startswith("note:")]
+    assert "host p50 is 0.50 ms below the device p50: noise" in note
+    assert "device 2.00 ms, host 3.00 ms" in note
+    assert "2.0 MiB -> 0.0 MiB of 2.0 MiB" in text
+    quiet: list[str] = []
+    bench.print_report(report_doc(host_p50=11.0), quiet.append)
+    assert not [line for line in quiet if line.startswith("note:")]

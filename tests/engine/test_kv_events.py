@@ -1,27 +1,27 @@
 """The reference engine's own traffic, published as KV events, decodes with
-each peer project's Structs, and names every tier."""
+each engine release's Structs (from its wheel), and names every tier."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
-import types
 from pathlib import Path
 
 import pytest
 
 from hicache.config import EventsConfig
 from tests.engine.helpers import chat, config, engine, push_to_storage, tokens
-from tests.hicache.kv_event_peers import sglang_main, vllm_0_28, vllm_main
+from tests.hicache.kv_event_peers import SGLANG, VLLM, load
 from tests.hicache.kv_event_peers.subscriber import Receiver
 
-PEERS = [("vllm", vllm_0_28), ("vllm", vllm_main), ("sglang", sglang_main)]
+PEERS = [("vllm", VLLM), ("sglang", SGLANG)]
 
 
-@pytest.mark.parametrize(("wire", "peer"), PEERS, ids=["vllm-0.28", "vllm-main", "sglang-main"])
+@pytest.mark.parametrize(("wire", "release"), PEERS, ids=[VLLM, SGLANG])
 def test_engine_chat_events_decode_with_peer_structs(
-    tmp_path: Path, wire: str, peer: types.ModuleType
+    tmp_path: Path, wire: str, release: str
 ) -> None:
+    peer = load(release)
     cfg = config(16, 1024, store=tmp_path / "store")
     events = EventsConfig("tcp://127.0.0.1:*", format=wire)
     eng = engine(dataclasses.replace(cfg, events=events))

@@ -22,7 +22,8 @@ from storage_backends.remote import RemoteBackend
 from tests.engine.helpers import assert_clean, assert_same, chat, engine, push_to_storage, reference
 from tests.engine.remote_worker import remote_config, user_turns
 
-DAEMON_CONFIG = Path("configs/daemon.toml")
+REPO = Path(__file__).resolve().parents[2]
+DAEMON_CONFIG = REPO / "configs" / "daemon.toml"
 WORKER_TIMEOUT_S = 240
 
 
@@ -42,7 +43,7 @@ def want() -> list[RequestOutput]:
 def run_worker(endpoint: str, out: Path) -> list[tuple[tuple[int, ...], torch.Tensor, int, int]]:
     """One engine process (tests/engine/remote_worker.py) against the daemon."""
     cmd = [sys.executable, "-m", "tests.engine.remote_worker", endpoint, str(out)]
-    subprocess.run(cmd, check=True, timeout=WORKER_TIMEOUT_S)
+    subprocess.run(cmd, check=True, timeout=WORKER_TIMEOUT_S, cwd=REPO)
     result: list[tuple[tuple[int, ...], torch.Tensor, int, int]] = torch.load(out)
     return result
 
@@ -116,7 +117,9 @@ def test_engine_cli_processes_share_through_configs_remote_toml(daemon: ServerPr
     cmd += ["--turns", "1", "--turn-tokens", "160", "--hidden", "64", "--evict", "storage"]
     storage_hits = []
     for _ in range(2):
-        done = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            cmd, check=True, capture_output=True, text=True, timeout=120, cwd=REPO
+        )
         turn = done.stdout.splitlines()[-1].split()  # turn prompt device host storage ttft
         assert turn[:2] == ["1", "160"]
         storage_hits.append(int(turn[4]))

@@ -134,18 +134,26 @@ def fetch_from_storage(cache: HiRadixCache, tokens: list[int], namespace: str | 
     return status.fetched_tokens
 
 
-def serve(cache: HiRadixCache, tokens: list[int], namespace: str | None = None) -> int:
+def serve(
+    cache: HiRadixCache,
+    tokens: list[int],
+    namespace: str | None = None,
+    kv_ids: list[int] | None = None,
+) -> int:
     """One request the way an engine runs it, checking reused KV bit for bit.
-    Returns the tokens it reused (device + loaded back, storage included)."""
+    Returns the tokens it reused (device + loaded back, storage included).
+    ``kv_ids``: the ids whose KV the 'forward pass' writes (default ``tokens``),
+    so that equal tokens can carry different KV (one per namespace)."""
+    kv_ids = tokens if kv_ids is None else kv_ids
     if cache.storage is not None:
         fetch_from_storage(cache, tokens, namespace)
     prefix, last, _ = cache.admit(cache.match_prefix(tokens, namespace))
     cache.start_loading()
-    check_kv(cache, tokens, prefix)
+    check_kv(cache, kv_ids, prefix)
     n_new = len(tokens) - prefix.numel()
     new = cache.alloc_device(n_new)
     assert new is not None, "test pool too small"
-    write_kv(cache, tokens, prefix.numel(), new[:n_new])
+    write_kv(cache, kv_ids, prefix.numel(), new[:n_new])
     cache.cache_finished_req(tokens, torch.cat([prefix, new[:n_new]]), last, namespace)
     cache.poll()
     cache.check_integrity()

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hicache.event_formats import FORMATS, block_hash, create_format
 from hicache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from tests.hicache.kv_event_peers import sglang_main, vllm_0_28
+from tests.hicache.kv_event_peers import SGLANG, VLLM, load
 
 KEYS = tuple(hashlib.sha256(bytes([i])).digest() for i in range(3))
 
@@ -70,7 +70,7 @@ STORED = st.builds(
     MEDIA,
 )
 EVENT = STORED | st.builds(lambda k, m: BlockRemoved(tuple(k), m), st.lists(KEY, max_size=3), MEDIA)
-PEERS = {"vllm": (vllm_0_28, "lora_name"), "sglang": (sglang_main, "cache_salt")}
+PEERS = {"vllm": (VLLM, "lora_name"), "sglang": (SGLANG, "cache_salt")}
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
@@ -79,7 +79,8 @@ PEERS = {"vllm": (vllm_0_28, "lora_name"), "sglang": (sglang_main, "cache_salt")
 def test_any_batch_round_trips_through_the_peer_decoder(
     name: str, events: list[KVEvent], ts: float
 ) -> None:
-    peer, ns_field = PEERS[name]
+    release, ns_field = PEERS[name]
+    peer = load(release)
     wire = create_format(name, "redis")
     batch = msgspec.msgpack.Decoder(peer.KVEventBatch).decode(wire.encode(ts, events))
     assert batch.ts == ts and len(batch.events) == len(events)

@@ -1,9 +1,8 @@
-"""KV events over a real socket, decoded by each peer project's own Structs."""
+"""KV events over a real socket, decoded by each engine release's own Structs (from its wheel)."""
 
 from __future__ import annotations
 
 import struct
-import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,16 +17,12 @@ from hicache.events import ZmqEventPublisher
 from hicache.hashing import page_keys
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
-from tests.hicache.kv_event_peers import sglang_main, vllm_0_28, vllm_main
+from tests.hicache.kv_event_peers import SGLANG, VLLM, PeerStructs, load
 from tests.hicache.kv_event_peers.subscriber import Receiver
 
-# (format, the peer module whose Structs decode it, that peer's namespace field)
-PEERS = [
-    ("vllm", vllm_0_28, "lora_name"),
-    ("vllm", vllm_main, "lora_name"),
-    ("sglang", sglang_main, "cache_salt"),
-]
-PEER_IDS = ["vllm-0.28", "vllm-main", "sglang-main"]
+# (format, the release whose Structs decode it, that release's namespace field)
+PEERS = [("vllm", VLLM, "lora_name"), ("sglang", SGLANG, "cache_salt")]
+PEER_IDS = [VLLM, SGLANG]
 
 
 def seq(tag: int, n: int) -> list[int]:
@@ -50,7 +45,7 @@ def with_events(
 class Tiers:
     """What a router rebuilds from the events: block hashes per medium."""
 
-    def __init__(self, peer: types.ModuleType, names: dict[str, str]) -> None:
+    def __init__(self, peer: PeerStructs, names: dict[str, str]) -> None:
         self.peer, self.names = peer, names  # hicache tier -> the peer's medium name
         self.media: dict[str, set[int]] = {}
         self.ever: set[int] = set()
@@ -98,10 +93,11 @@ def run_workload(cache: HiRadixCache, tiers: Tiers, receiver: Receiver) -> list[
     return seen
 
 
-@pytest.mark.parametrize(("wire", "peer", "ns_field"), PEERS, ids=PEER_IDS)
+@pytest.mark.parametrize(("wire", "release", "ns_field"), PEERS, ids=PEER_IDS)
 def test_peer_decodes_every_batch_of_a_workload(
-    tmp_path: Path, wire: str, peer: types.ModuleType, ns_field: str
+    tmp_path: Path, wire: str, release: str, ns_field: str
 ) -> None:
+    peer = load(release)
     store = StorageConfig(backend="lmdb", path=str(tmp_path / "store"), max_bytes=64 << 20)
     cache = with_events(wire, store=store)
     receiver = Receiver(cache, peer)
@@ -131,16 +127,17 @@ def test_storage_evictions_are_announced() -> None:
     # A store of 6 pages: the second request's writes evict the first's pages.
     page_bytes = 4 * 2 * 2 * 2 * 4 * 4 + 56  # tokens × layers × K,V × heads × dim × fp32
     store = StorageConfig(backend="memory", max_bytes=6 * page_bytes)
+    sglang = load(SGLANG)  # first: a release that is not installed skips before any socket
     cache = with_events("sglang", store=store)
-    receiver = Receiver(cache, sglang_main)
+    receiver = Receiver(cache, sglang)
     stored: set[int] = set()
     for tag in (1, 2, 3):
         serve(cache, seq(tag, 16))
         cache.drain()
         for e in receiver.receive():
-            if isinstance(e, sglang_main.BlockStored) and e.medium == "EXTERNAL":
+            if isinstance(e, sglang.BlockStored) and e.medium == "EXTERNAL":
                 stored.update(e.block_hashes)
-            elif isinstance(e, sglang_main.BlockRemoved) and e.medium == "EXTERNAL":
+            elif isinstance(e, sglang.BlockRemoved) and e.medium == "EXTERNAL":
                 stored.difference_update(e.block_hashes)
     assert cache.storage is not None
     every = [k for tag in (1, 2, 3) for k in page_keys(cache.fingerprint, None, seq(tag, 16), 4)]
@@ -186,22 +183,23 @@ def publish(pub: ZmqEventPublisher, n: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("wire", "peer", "topic_in_reply"),
+    ("wire", "release", "topic_in_reply"),
     [
-        ("vllm", vllm_0_28, True),
-        ("sglang", sglang_main, True),
+        ("vllm", VLLM, True),
+        ("sglang", SGLANG, True),
     ],
 )
 def test_replay_serves_missed_batches_from_a_bounded_buffer(
-    wire: str, peer: types.ModuleType, topic_in_reply: bool
+    wire: str, release: str, topic_in_reply: bool
 ) -> None:
+    # Loaded first: a release that is not installed skips before any socket is open.
+    decoder = msgspec.msgpack.Decoder(load(release).KVEventBatch)
     config = EventsConfig(
         "tcp://127.0.0.1:*", format=wire, replay_endpoint="tcp://127.0.0.1:*", replay_buffer=4
     )
     pub = ZmqEventPublisher.from_config(config, "lmdb")
     publish(pub, 6)  # no subscriber: every batch is lost to PUB/SUB, kept for replay
     client = ReplayClient(pub.replay_endpoint)
-    decoder = msgspec.msgpack.Decoder(peer.KVEventBatch)
     try:
         replies = client.request([struct.pack(">Q", 3)])
         *batches, end = replies
@@ -238,3 +236,28 @@ def test_a_replay_endpoint_that_cannot_bind_is_a_clear_error() -> None:
             ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint=taken.endpoint)
     finally:
         taken.close()
+
+
+def test_an_any_port_endpoint_says_which_port_it_bound(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="hicache.events"):
+        cache = with_events()
+    try:
+        assert cache.events is not None
+        endpoint = cache.events.endpoint
+        host, _, port = endpoint.rpartition(":")
+        assert host == "tcp://127.0.0.1" and int(port) > 0
+        assert any(endpoint in r.getMessage() for r in caplog.records if r.levelname == "INFO")
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.connect(endpoint)  # what the log and the attribute name is where events come
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        assert isinstance(cache.events, ZmqEventPublisher)
+        assert cache.events.wait_for_subscriber(5.0)
+        serve(cache, seq(3, 8))
+        assert sub.poll(5000), "no batch arrived on the logged endpoint"
+        topic, _, _ = sub.recv_multipart()
+        assert topic == b"kv-events"
+        sub.close(0)
+        ctx.term()
+    finally:
+        cache.close()

@@ -20,7 +20,7 @@ from storage_backends import StorageConfig, create
 from storage_backends.remote import RemoteBackend
 from tests.polling import wait_until
 
-DAEMON_CONFIG = Path("configs/daemon.toml")
+DAEMON_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "daemon.toml"
 PAGE = 8192
 RECOVERY_S = 30.0  # bound on waiting for the breaker to let a probe through again
 
@@ -92,7 +92,9 @@ def test_daemon_down_then_back_breaker_opens_and_recovers(
     daemons: Callable[..., ServerProcess],
 ) -> None:
     daemon = daemons()
-    backend = remote(daemon.endpoint, timeout_s=0.3, breaker_failures=2, breaker_cooldown_s=0.2)
+    # Two 0.3 s timeouts open the breaker; the calls after it fail fast, each in far less
+    # than the 2 s cool-down, so a loaded machine cannot turn them into probes.
+    backend = remote(daemon.endpoint, timeout_s=0.3, breaker_failures=2, breaker_cooldown_s=2.0)
     try:
         assert backend.put([key(1)], [memoryview(payload(1))]) == [True]
         daemon.stop()

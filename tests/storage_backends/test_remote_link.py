@@ -135,7 +135,8 @@ def free_port_endpoint() -> str:
 
 
 def test_absent_daemon_many_threads(free_port_endpoint: str) -> None:
-    backend = remote(free_port_endpoint, failures=3, cooldown=30.0)
+    # No probe within the test, however slow the machine: the breaker stays open.
+    backend = remote(free_port_endpoint, failures=3, cooldown=3600.0)
     results: list[int] = []
 
     def worker() -> None:
@@ -151,8 +152,9 @@ def test_absent_daemon_many_threads(free_port_endpoint: str) -> None:
         assert results == [0] * 80
         link = backend.link_stats()
         assert link.timeouts + link.fast_fails == 80
-        # Only calls that started before the breaker opened waited: at most a couple per thread.
-        assert link.fast_fails >= 80 - 2 * 8 and link.breaker_opens == 1
+        # Only calls that started before the breaker opened waited, whatever the scheduling:
+        # the two failures before the third, and at most one call in flight per thread.
+        assert link.timeouts <= (3 - 1) + 8 and link.breaker_opens == 1
     finally:
         backend.close()
 

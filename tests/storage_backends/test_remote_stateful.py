@@ -82,7 +82,7 @@ class RemoteModel(RuleBasedStateMachine):
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     store = tmp_path_factory.mktemp("remote-stateful") / "store"
-    server = start_daemon(Path("configs/daemon.toml"), store)
+    server = start_daemon(Path(__file__).resolve().parents[2] / "configs" / "daemon.toml", store)
     yield server
     server.stop()
 

@@ -155,23 +155,26 @@ def test_replies_that_break_the_protocol_are_misses(peer: Peer) -> None:
 
 def test_a_late_reply_is_never_taken_for_a_later_request(peer: Peer) -> None:
     records = {key(i): encode_page(key(i), bytes([i]) * PAGE) for i in range(2)}
-    slow_once = threading.Event()
+    held, release = threading.Event(), threading.Event()
 
     def script(req: Request) -> list[bytes]:
-        if req.keys == (key(0),) and not slow_once.is_set():
-            slow_once.set()
-            threading.Event().wait(1.5)  # past the 1 s timeout, within the next call's
+        if req.keys == (key(0),) and not held.is_set():
+            held.set()
+            release.wait(60)  # answered only after the client gave up on it
         return answer_get(records.get)(req)
 
     peer.script[0] = script
-    backend = remote(peer.endpoint, timeout_s=1.0)
+    backend = remote(peer.endpoint, timeout_s=2.0)
     try:
         dst = [memoryview(bytearray(PAGE))]
-        assert backend.get([key(0)], dst) == [False]  # timed out
+        assert backend.get([key(0)], dst) == [False]  # timed out: no reply came at all
+        assert held.is_set()
+        release.set()  # the late reply to key 0 now comes first, then key 1's
         assert backend.get([key(1)], dst) == [True]
         assert bytes(dst[0]) == b"\x01" * PAGE  # key 1's page, not the late key 0 reply
         assert backend.link_stats().timeouts == 1
     finally:
+        release.set()
         backend.close()
 
 

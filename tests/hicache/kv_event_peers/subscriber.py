@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import struct
-import types
 
 import msgspec
 import zmq
 
 from hicache.cache import HiRadixCache
 from hicache.events import ZmqEventPublisher
+from tests.hicache.kv_event_peers import PeerStructs
 
 
 class Receiver:
     """A SUB socket that reads every batch published so far, checks topic and
     sequence framing, and decodes each with a peer's ``KVEventBatch``."""
 
-    def __init__(self, cache: HiRadixCache, peer: types.ModuleType) -> None:
+    def __init__(self, cache: HiRadixCache, peer: PeerStructs) -> None:
         assert isinstance(cache.events, ZmqEventPublisher)
         self.pub = cache.events
         self.ctx = zmq.Context()

@@ -1,0 +1,75 @@
+"""RecordArena: records built into a reused buffer are the records encode_page builds."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from storage_backends.page_format import HEADER_BYTES, Verdict, encode_page, validate
+from storage_backends.record_arena import RecordArena
+
+
+def _key(i: int) -> bytes:
+    return hashlib.sha256(str(i).encode()).digest()
+
+
+def _payloads(n: int, size: int, seed: int) -> list[memoryview]:
+    return [memoryview(bytes((seed + i + j) % 251 for j in range(size))) for i in range(n)]
+
+
+def test_records_match_encode_page_and_verify() -> None:
+    arena = RecordArena(1 << 20)
+    pays = _payloads(4, 1000, 0)
+    arena.start(sum(HEADER_BYTES + len(p) for p in pays))
+    records = [arena.encode(_key(i), p) for i, p in enumerate(pays)]
+    for i, (record, payload) in enumerate(zip(records, pays, strict=True)):
+        assert bytes(record) == encode_page(_key(i), payload)
+        assert validate(memoryview(record), _key(i), len(payload)) is Verdict.OK
+    assert arena.capacity == sum(len(r) for r in records)
+
+
+def test_next_batch_reuses_the_buffer_with_new_contents() -> None:
+    arena = RecordArena(1 << 20)
+    first = _payloads(2, 500, 1)
+    arena.start(2 * (HEADER_BYTES + 500))
+    [arena.encode(_key(i), p) for i, p in enumerate(first)]
+    capacity = arena.capacity
+    second = _payloads(2, 500, 7)
+    arena.start(2 * (HEADER_BYTES + 500))
+    records = [arena.encode(_key(10 + i), p) for i, p in enumerate(second)]
+    assert arena.capacity == capacity  # no new buffer
+    for i, record in enumerate(records):
+        assert bytes(record) == encode_page(_key(10 + i), second[i])
+
+
+def test_records_beyond_the_cap_are_built_on_their_own() -> None:
+    cap = 2 * (HEADER_BYTES + 300)
+    arena = RecordArena(cap)
+    pays = _payloads(5, 300, 3)
+    arena.start(5 * (HEADER_BYTES + 300))
+    records = [arena.encode(_key(i), p) for i, p in enumerate(pays)]
+    assert arena.capacity == cap
+    assert [isinstance(r, bytes) for r in records] == [False, False, True, True, True]
+    assert [bytes(r) for r in records] == [encode_page(_key(i), p) for i, p in enumerate(pays)]
+
+
+def test_records_are_read_only_and_discard_keeps_them_intact() -> None:
+    arena = RecordArena(1 << 20)
+    payload = _payloads(1, 200, 5)[0]
+    arena.start(HEADER_BYTES + 200)
+    record = arena.encode(_key(0), payload)
+    assert isinstance(record, memoryview) and record.readonly
+    arena.discard()
+    assert arena.capacity == 0
+    arena.start(HEADER_BYTES + 200)
+    arena.encode(_key(1), _payloads(1, 200, 9)[0])  # a new buffer: the old record stays
+    assert bytes(record) == encode_page(_key(0), payload)
+
+
+def test_zero_cap_builds_every_record_alone() -> None:
+    arena = RecordArena(0)
+    arena.start(10_000)
+    assert isinstance(arena.encode(_key(0), memoryview(b"abc")), bytes)
+    with pytest.raises(ValueError, match="max_bytes"):
+        RecordArena(-1)
