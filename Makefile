@@ -12,7 +12,7 @@ CONFIG ?= configs/default.toml
 NATIVE := build/native/manifest.json
 PURE_TESTS := tests/device_pool tests/hicache/test_radix_cache.py tests/hicache/test_token_keys.py \
 	tests/hicache/test_cache_stateful.py tests/hicache/test_misuse_stateful.py tests/hicache/test_native.py
-NATIVE_SRC := scripts/build_native.py hicache/native.py device_pool/allocator.py \
+NATIVE_SRC := scripts/build_native.py hicache/native.py device_pool/page_table.pyx \
 	hicache/radix_tree.py hicache/residency.py hicache/door.py hicache/cache.py
 
 .PHONY: run test test-slow test-mooncake lint bench format clean redis-server

@@ -34,14 +34,21 @@ BUILD = ROOT / "build" / "native"
 MANIFEST = BUILD / "manifest.json"
 # package -> its modules on the hot path, compiled when built
 HOT_MODULES: dict[str, tuple[str, ...]] = {
-    "device_pool": ("allocator",),
+    "device_pool": ("page_table",),
     "hicache": ("radix_tree", "residency", "door", "cache"),
 }
 
 
+def source_path(package: str, module: str) -> Path:
+    """What a hot module is compiled from: its ``.pyx`` twin when it has one
+    (typed C loops beside the numpy ``.py``), else the ``.py`` itself."""
+    pyx = ROOT / package / f"{module}.pyx"
+    return pyx if pyx.exists() else ROOT / package / f"{module}.py"
+
+
 def source_digest(package: str, module: str) -> str:
-    """SHA-256 of a hot module's ``.py`` source in this tree."""
-    return hashlib.sha256((ROOT / package / f"{module}.py").read_bytes()).hexdigest()
+    """SHA-256 of a hot module's compiled source in this tree."""
+    return hashlib.sha256(source_path(package, module).read_bytes()).hexdigest()
 
 
 def why_pure(package: str) -> str | None:
@@ -85,7 +92,7 @@ def compiled_modules() -> list[str]:
 
 def describe() -> str:
     """One line: which hot path this process runs (imports the hot modules)."""
-    import device_pool.allocator  # noqa: F401
+    import device_pool.page_table  # noqa: F401
     import hicache.cache  # noqa: F401
 
     compiled = compiled_modules()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hicache.native import BUILD, HOT_MODULES, MANIFEST, ROOT, source_digest
+from hicache.native import BUILD, HOT_MODULES, MANIFEST, ROOT, source_digest, source_path
 
 # Plain Python semantics: annotations are not turned into C type checks (a
 # numpy integer stays a valid ``int`` argument, as in the pure modules).
@@ -32,9 +32,12 @@ def build(jobs: int) -> None:
     from setuptools import Distribution, Extension
 
     MANIFEST.unlink(missing_ok=True)
+    for package in HOT_MODULES:  # no extension of a module no longer compiled stays
+        shutil.rmtree(BUILD / package, ignore_errors=True)
     os.chdir(ROOT)  # relative sources: build/native/c mirrors the packages
     names = [(p, m) for p, mods in HOT_MODULES.items() for m in mods]
-    exts = [Extension(f"{p}.{m}", [f"{p}/{m}.py"], extra_compile_args=["-O2"]) for p, m in names]
+    sources = {(p, m): str(source_path(p, m).relative_to(ROOT)) for p, m in names}
+    exts = [Extension(f"{p}.{m}", [sources[p, m]], extra_compile_args=["-O2"]) for p, m in names]
     exts = cythonize(
         exts,
         build_dir=str(BUILD / "c"),

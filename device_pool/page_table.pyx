@@ -1,0 +1,274 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""The allocator's page table as typed C loops: the compiled twin of
+``page_table.py`` (read that module's docstring; same names, results and
+``SlotError`` messages, tested against each other).
+
+A call checks every page in one fused pass (range, layout, state; with
+``whole``, a mark bit in the state byte finds duplicates) before its second
+pass changes anything, so a refused call changes nothing, as in the numpy
+version; a refused call's message comes from the separate checks, run in the
+numpy version's order. The loops read raw pointers held in locals: through
+the object's fields, every byte store would make C reload them.
+"""
+
+import numpy as np
+
+cimport cython
+from libc.stdint cimport int8_t, int64_t
+
+from device_pool.slot_error import SlotError
+
+FREE, REQUEST, TREE, ALLOCATED = 0, 1, 2, 3
+STATE_NAMES = ("free", "request-held", "tree-owned", "allocated")
+
+cdef enum:
+    MARK = 0x40  # set on a page while a call's check has passed it
+    C_FREE = 0
+    C_REQUEST = 1
+    C_TREE = 2
+    C_ALLOCATED = 3
+
+
+cdef struct Run:
+    # a 1-D int64 array: first element, byte stride, pages (len // page_size)
+    const char* base
+    Py_ssize_t stride
+    Py_ssize_t pages
+
+
+cdef inline int64_t at(Run r, Py_ssize_t i) noexcept nogil:
+    return (<const int64_t*>(r.base + i * r.stride))[0]
+
+
+cdef inline bint bad_state(int8_t have, int expect) noexcept nogil:
+    if expect < 0:
+        return False
+    return (have == C_FREE) if expect == C_ALLOCATED else (have != expect)
+
+
+@cython.final  # direct calls to the cdef helpers (no vtable), which C then inlines
+cdef class PageTable:
+    """Page states and the free stack of one pool (see ``page_table.py``)."""
+
+    cdef readonly Py_ssize_t page_size, num_pages
+    cdef public Py_ssize_t num_free, request_pages
+    cdef int8_t[::1] _state
+    cdef int64_t[::1] _free_pages
+    cdef int64_t[::1] _seen
+    cdef int64_t _stamp
+    cdef int _shift  # log2(page_size) when a power of two (a shift, not a division), else -1
+    cdef object _state_arr
+
+    def __init__(self, Py_ssize_t num_pages, Py_ssize_t page_size):
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.num_free = num_pages
+        self.request_pages = 0
+        self._state_arr = np.zeros(num_pages, dtype=np.int8)
+        self._state = self._state_arr
+        self._seen = np.zeros(num_pages, dtype=np.int64)
+        self._stamp = 0
+        self._shift = -1
+        if page_size & (page_size - 1) == 0:
+            self._shift = page_size.bit_length() - 1
+        self._free_pages = np.arange(num_pages - 1, -1, -1, dtype=np.int64)
+
+    def counts(self):
+        """Pages per state (free, request, tree), counted from the table."""
+        per = np.bincount(self._state_arr, minlength=3)
+        return int(per[C_FREE]), int(per[C_REQUEST]), int(per[C_TREE])
+
+    def alloc(self, Py_ssize_t n):
+        """Pop ``n`` (1 <= n <= num_free) pages, now request-held; their slots."""
+        cdef Py_ssize_t ps = self.page_size, i, j, top = self.num_free
+        cdef int64_t page
+        out_arr = np.empty(n * ps, dtype=np.int64)
+        cdef int64_t[::1] out_view = out_arr
+        cdef int64_t* out = &out_view[0]
+        cdef int8_t* state = &self._state[0]
+        cdef const int64_t* free = &self._free_pages[0]
+        for i in range(n):
+            page = free[top - 1 - i]
+            state[page] = C_REQUEST
+            for j in range(ps):
+                out[i * ps + j] = page * ps + j
+        self.num_free = top - n
+        self.request_pages += n
+        return out_arr
+
+    def move(self, const int64_t[:] slots, int expect, int to, bint whole):
+        """Pages of ``slots`` in state ``expect`` pass to state ``to``."""
+        cdef Run r = self._run(slots)
+        cdef Run none = Run(NULL, 0, 0)
+        self._check(r, none, slots, None, expect, whole)
+        if expect == to:
+            if whole:
+                self._unmark(r, r.pages)
+            return
+        cdef int8_t* state = &self._state[0]
+        cdef Py_ssize_t i, held = 0
+        cdef int64_t page
+        for i in range(r.pages):
+            page = self._page(at(r, i * self.page_size))
+            held += (state[page] & ~MARK) == C_REQUEST
+            self._set(state, page, to)
+        self.request_pages += (r.pages if to == C_REQUEST else 0) - held
+
+    def commit(self, const int64_t[:] to_tree, const int64_t[:] to_free):
+        """Request-held pages of ``to_tree`` pass to the tree, those of
+        ``to_free`` are freed: one check over both."""
+        cdef Run a = self._run(to_tree), b = self._run(to_free)
+        self._check(a, b, to_tree, to_free, C_REQUEST, True)
+        cdef int8_t* state = &self._state[0]
+        cdef Py_ssize_t i, ps = self.page_size
+        for i in range(a.pages):
+            state[self._page(at(a, i * ps))] = C_TREE
+        for i in range(b.pages):
+            self._set(state, self._page(at(b, i * ps)), C_FREE)
+        self.request_pages -= a.pages + b.pages
+
+    def whole_pages(self, const int64_t[:] slots, bint every_slot):
+        """Page numbers of ``slots``, checked as in ``page_table.py``."""
+        cdef Run r = self._run(slots)
+        cdef Run none = Run(NULL, 0, 0)
+        self._check(r, none, slots, None, -1, every_slot)
+        out_arr = np.empty(r.pages, dtype=np.int64)
+        cdef int64_t[::1] out = out_arr
+        cdef Py_ssize_t i
+        for i in range(r.pages):
+            out[i] = self._page(at(r, i * self.page_size))
+        if every_slot:
+            self._unmark(r, r.pages)
+        return out_arr
+
+    cdef Run _run(self, const int64_t[:] a) except *:
+        cdef Py_ssize_t n = a.shape[0]
+        if n % self.page_size:
+            raise SlotError(f"{n} slots do not form whole pages of {self.page_size}")
+        if n == 0:
+            return Run(NULL, 0, 0)
+        return Run(<const char*>&a[0], a.strides[0], n // self.page_size)
+
+    cdef inline int64_t _page(self, int64_t slot) noexcept:
+        return slot >> self._shift if self._shift >= 0 else slot // self.page_size
+
+    cdef inline void _set(self, int8_t* state, int64_t page, int to) noexcept:
+        state[page] = to
+        if to == C_FREE:
+            self._free_pages[self.num_free] = page
+            self.num_free += 1
+
+    cdef void _unmark(self, Run r, Py_ssize_t upto) noexcept:
+        cdef int8_t* state = &self._state[0]
+        cdef Py_ssize_t i
+        cdef int64_t page
+        for i in range(upto):
+            page = self._page(at(r, i * self.page_size))
+            state[page] = state[page] & ~MARK
+
+    cdef int _check(
+        self, Run a, Run b, const int64_t[:] va, const int64_t[:] vb, int expect, bint whole
+    ) except -1:
+        """Pages of ``a`` then ``b``: whole, in range, distinct (``whole``),
+        in ``expect`` (-1: any state); SlotError otherwise. With ``whole`` the
+        pages stay marked: the caller's next pass clears the marks."""
+        cdef Py_ssize_t done_a = self._scan(a, expect, whole), done_b = 0
+        if done_a == a.pages:
+            done_b = self._scan(b, expect, whole)
+            if done_b == b.pages:
+                return 0
+        if whole:
+            self._unmark(a, done_a)
+            self._unmark(b, done_b)
+        self._diagnose(va, vb, expect, whole, a.pages + b.pages)
+        return -1
+
+    cdef Py_ssize_t _scan(self, Run r, int expect, bint whole) noexcept:
+        """Pages of ``r`` that pass every check, in order, up to the first that
+        fails (marked when ``whole``)."""
+        cdef Py_ssize_t ps = self.page_size, i, j
+        cdef int64_t first, page, cap = self.num_pages * ps
+        cdef int8_t have
+        cdef int8_t* state = &self._state[0]
+        cdef bint layout = whole and ps > 1
+        for i in range(r.pages):
+            first = at(r, i * ps)
+            if first < 0 or first >= cap:
+                return i
+            if layout:
+                if first % ps:
+                    return i
+                for j in range(1, ps):
+                    if at(r, i * ps + j) != first + j:
+                        return i
+            page = self._page(first)
+            have = state[page]
+            if have & MARK or bad_state(have, expect):
+                return i
+            if whole:
+                state[page] = have | MARK
+        return r.pages
+
+    cdef int _diagnose(
+        self, const int64_t[:] a, const int64_t[:] b, int expect, bint whole, Py_ssize_t n
+    ) except -1:
+        """Raise the SlotError for a refused call, checks in the numpy order."""
+        cdef Py_ssize_t ps = self.page_size
+        self._check_range(a)
+        if b is not None:
+            self._check_range(b)
+        if whole and ps > 1:
+            self._check_layout(a)
+            if b is not None:
+                self._check_layout(b)
+        if whole:
+            self._stamp += 1
+            if n > self.num_pages:
+                raise SlotError("a page is listed twice")
+            self._check_distinct(a)
+            if b is not None:
+                self._check_distinct(b)
+        if expect >= 0:
+            self._check_state(a, expect)
+            if b is not None:
+                self._check_state(b, expect)
+        raise AssertionError("page table: a refused call passed every check")
+
+    # The separate checks, for messages only (a refused call) -------------------
+    cdef int _check_range(self, const int64_t[:] a) except -1:
+        cdef Py_ssize_t ps = self.page_size, i
+        for i in range(a.shape[0] // ps):
+            if a[i * ps] < 0 or a[i * ps] >= self.num_pages * ps:
+                raise SlotError(f"slot index out of range [0, {self.num_pages * ps})")
+        return 0
+
+    cdef int _check_layout(self, const int64_t[:] a) except -1:
+        cdef Py_ssize_t ps = self.page_size, i, j
+        for i in range(a.shape[0] // ps):
+            for j in range(ps):
+                if a[i * ps + j] != a[i * ps] // ps * ps + j:
+                    raise SlotError("slots are not whole pages in order")
+        return 0
+
+    cdef int _check_distinct(self, const int64_t[:] a) except -1:
+        cdef Py_ssize_t ps = self.page_size, i
+        cdef int64_t page
+        for i in range(a.shape[0] // ps):
+            page = self._page(a[i * ps])
+            if self._seen[page] == self._stamp:
+                raise SlotError("a page is listed twice")
+            self._seen[page] = self._stamp
+        return 0
+
+    cdef int _check_state(self, const int64_t[:] a, int expect) except -1:
+        cdef Py_ssize_t ps = self.page_size, i
+        cdef int64_t page
+        cdef int8_t have
+        for i in range(a.shape[0] // ps):
+            page = self._page(a[i * ps])
+            have = self._state[page]
+            if bad_state(have, expect):
+                raise SlotError(
+                    f"page {page} is {STATE_NAMES[have]}, expected {STATE_NAMES[expect]}"
+                )
+        return 0
