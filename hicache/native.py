@@ -35,7 +35,7 @@ MANIFEST = BUILD / "manifest.json"
 # package -> its modules on the hot path, compiled when built
 HOT_MODULES: dict[str, tuple[str, ...]] = {
     "device_pool": ("page_table",),
-    "hicache": ("radix_tree", "residency", "door", "cache"),
+    "hicache": ("token_ids", "radix_tree", "residency", "door", "cache"),
 }
 
 

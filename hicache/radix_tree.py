@@ -17,6 +17,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from hicache.token_ids import pack_into
+
 MAX_TOKEN_ID = 2**31 - 1
 Key = array  # array('i') of token ids
 
@@ -145,19 +147,24 @@ def extend_key(key: Key, tokens: Sequence[int] | torch.Tensor | np.ndarray | arr
     changes. Only ``tokens`` is checked when ``key`` is a ``TokenKey`` (a
     request's ``MatchResult.key`` extended by the tokens added since), so an
     engine checks each id once. ValueError as ``as_token_list``."""
-    head, tail = as_token_list(key), as_token_list(tokens)
+    head = as_token_list(key)
     out = TokenKey("i", head)
-    out.extend(tail)
+    if isinstance(tokens, list | tuple):  # converted straight into the new key
+        pack_into(out, tokens)
+    else:
+        out.extend(as_token_list(tokens))
     return out
 
 
 def _packed(tokens: Sequence[int]) -> TokenKey:
-    # TokenKey(list) sizes the array once; array.extend(list) grows it id by id.
-    try:
-        key = TokenKey("i", tokens)
-    except (TypeError, OverflowError) as e:
-        raise ValueError(f"token ids must be integers in [0, 2**31): {e}") from None
-    return _nonnegative(key)
+    if not isinstance(tokens, list | tuple):
+        try:
+            tokens = list(tokens)
+        except TypeError:
+            raise ValueError(f"tokens must be a sequence of ints, not a {type(tokens).__name__}")
+    key = TokenKey("i")
+    pack_into(key, tokens)
+    return key
 
 
 _SIGN_BYTES = slice(3, None, 4) if sys.byteorder == "little" else slice(0, None, 4)

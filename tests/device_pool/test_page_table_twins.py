@@ -7,8 +7,6 @@ every answer, every ``SlotError`` message and the counters after each step."""
 
 from __future__ import annotations
 
-import importlib.util
-import sysconfig
 from types import ModuleType
 
 import numpy as np
@@ -18,24 +16,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from device_pool.slot_error import SlotError
-from hicache import native
-
-
-def _load(name: str, path: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.native_twins import twins
 
 
 def _twins() -> tuple[ModuleType, ModuleType]:
-    built = native.BUILD / "device_pool" / f"page_table{sysconfig.get_config_var('EXT_SUFFIX')}"
-    stale = native.why_pure("device_pool")
-    if not built.exists() or (stale is not None and "stale" in stale):
-        pytest.skip(f"no current compiled page table ({stale}); `make` builds it")
-    pure = _load("page_table_pure", str(native.ROOT / "device_pool" / "page_table.py"))
-    return pure, _load("device_pool.page_table", str(built))
+    return twins("device_pool", "page_table")
 
 
 def _call(table: object, method: str, *args: object) -> object:
