@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 
 from hicache._version import __version__
-
 from hicache.native import use_compiled
 
 use_compiled(__name__, __path__)  # the compiled hot path, when built (hicache.native)

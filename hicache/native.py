@@ -1,15 +1,18 @@
 """Compiled hot path: which modules run as C extensions, and when.
 
-The tree's hot path (``HOT_MODULES``) can be compiled by Cython from the very
-same ``.py`` files (``scripts/build_native.py``, run by ``make``): one source
-of truth, no second implementation. The build goes to ``build/native/``,
-outside the packages, with a manifest of each source's SHA-256. A package
-puts that folder first on its ``__path__`` (``use_compiled``) only when
+The hot path's primitives (``HOT_MODULES``) each have two implementations
+under one module name: ``<module>.py`` (numpy or the standard library) and
+``<module>.pyx``, the same steps as typed C loops, which Cython compiles
+(``scripts/build_native.py``, run by ``make``); tests drive both with the same
+calls and compare every answer. The tree's logic itself stays in Python, in
+one copy. The build goes to ``build/native/``, outside the packages, with a
+manifest of each compiled source's SHA-256. A package puts that folder first
+on its ``__path__`` (``use_compiled``) only when
 
 - ``HICACHE_PURE`` is not ``1``,
 - the build is there, for this Python, and
 - every compiled module was built from the source that is there now (a stale
-  build is never run: edit a module and it runs pure until rebuilt).
+  build is never run: edit a ``.pyx`` and the ``.py`` runs until rebuilt).
 
 Otherwise the pure-Python modules run, and the reason is logged (INFO when
 the build is simply absent or turned off, WARNING when stale). Stdlib only:
@@ -32,10 +35,10 @@ PURE_ENV = "HICACHE_PURE"
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "native"
 MANIFEST = BUILD / "manifest.json"
-# package -> its modules on the hot path, compiled when built
+# package -> its hot primitives (a .py and a .pyx each), compiled when built
 HOT_MODULES: dict[str, tuple[str, ...]] = {
     "device_pool": ("page_table",),
-    "hicache": ("token_ids", "radix_tree", "residency", "door", "cache"),
+    "hicache": ("token_ids",),
 }
 
 

@@ -161,7 +161,8 @@ def _packed(tokens: Sequence[int]) -> TokenKey:
         try:
             tokens = list(tokens)
         except TypeError:
-            raise ValueError(f"tokens must be a sequence of ints, not a {type(tokens).__name__}")
+            kind = type(tokens).__name__
+            raise ValueError(f"tokens must be a sequence of ints, not a {kind}") from None
     key = TokenKey("i")
     pack_into(key, tokens)
     return key

@@ -1,8 +1,8 @@
 """Compile the hot path (hicache.native.HOT_MODULES) with Cython into build/native/.
 
-The same ``.py`` files, compiled as they are (no second source). Writes
-build/native/manifest.json (each source's SHA-256) last, so a build that
-fails half-way is never used. Exit status 1 with a message on failure: the
+Each hot primitive's ``.pyx`` twin (typed C loops beside its ``.py``; see
+hicache/native.py). Writes build/native/manifest.json (each source's SHA-256)
+last, so a build that fails half-way is never used. Exit status 1 with a message on failure: the
 Makefile then goes on with the pure-Python modules.
 
 Usage: python scripts/build_native.py [--jobs N]
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hicache.native import BUILD, HOT_MODULES, MANIFEST, ROOT, source_digest, source_path
 
-# Plain Python semantics: annotations are not turned into C type checks (a
-# numpy integer stays a valid ``int`` argument, as in the pure modules).
+# Each .pyx sets its own C-level directives; these only keep Python semantics
+# where it does not (annotations are not turned into C type checks).
 DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}
 
 

@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["sglang"],
         default=None,
         help="also replay through SGLang's RadixCache and UnifiedRadixCache (Rust core), "
-        "alternating, and report hicache's time as a ratio to the faster one",
+        "alternating, and report hicache's time as a ratio to the faster one (default: off)",
     )
     parser.add_argument(
         "--page-sizes",
@@ -137,20 +137,22 @@ def replay(
         if old:
             tokens = extend_key(keys[req.conversation], req.tokens[old:])
         m = cache.match_prefix(tokens)
-        assert m.key is not None  # the checked, converted key: no second conversion
-        keys[req.conversation] = m.key
+        key = m.key
+        assert key is not None  # the checked, converted key: no second conversion
+        keys[req.conversation] = key
         cache.inc_lock_ref(m.last_device_node)
-        new = cache.alloc_device(len(m.key) - m.device_hit_length)
+        have = m.device_hit_length
+        need = len(key) - have
+        new = cache.alloc_device(need)
         if new is None:
             cache.dec_lock_ref(m.last_device_node)
             ops += 3
             continue
-        need = len(m.key) - m.device_hit_length
-        slots = torch.cat([m.device_indices, new if len(new) == need else new[:need]])
-        cache.cache_finished_req(m.key, slots, m.last_device_node)
+        slots = torch.cat([m.device_indices, new if new.numel() == need else new[:need]])
+        cache.cache_finished_req(key, slots, m.last_device_node)
         ops += 4
-        hit += m.device_hit_length
-        total += len(m.key)
+        hit += have
+        total += len(key)
     seconds = clock() - start
     ps = cache.page_size
     return TreeBenchResult(ps, ops, seconds, seconds * 1e6 / max(ops, 1), hit, total, len(trace))
