@@ -40,6 +40,11 @@ cdef inline int64_t at(Run r, Py_ssize_t i) noexcept nogil:
     return (<const int64_t*>(r.base + i * r.stride))[0]
 
 
+cdef inline int64_t page_of(int64_t slot, int shift, Py_ssize_t ps) noexcept nogil:
+    # a shift for power-of-two page sizes (1 included): no division per slot
+    return slot >> shift if shift >= 0 else slot // ps
+
+
 cdef inline bint bad_state(int8_t have, int expect) noexcept nogil:
     if expect < 0:
         return False
@@ -90,8 +95,11 @@ cdef class PageTable:
         for i in range(n):
             page = free[top - 1 - i]
             state[page] = C_REQUEST
-            for j in range(ps):
-                out[i * ps + j] = page * ps + j
+            if ps == 1:
+                out[i] = page
+            else:
+                for j in range(ps):
+                    out[i * ps + j] = page * ps + j
         self.num_free = top - n
         self.request_pages += n
         return out_arr
@@ -106,12 +114,18 @@ cdef class PageTable:
                 self._unmark(r, r.pages)
             return
         cdef int8_t* state = &self._state[0]
-        cdef Py_ssize_t i, held = 0
+        cdef int64_t* free = &self._free_pages[0]
+        cdef Py_ssize_t i, held = 0, top = self.num_free, ps = self.page_size
+        cdef int shift = self._shift
         cdef int64_t page
         for i in range(r.pages):
-            page = self._page(at(r, i * self.page_size))
+            page = page_of(at(r, i * ps), shift, ps)
             held += (state[page] & ~MARK) == C_REQUEST
-            self._set(state, page, to)
+            state[page] = to
+            if to == C_FREE:
+                free[top] = page
+                top += 1
+        self.num_free = top
         self.request_pages += (r.pages if to == C_REQUEST else 0) - held
 
     def commit(self, const int64_t[:] to_tree, const int64_t[:] to_free):
@@ -120,11 +134,18 @@ cdef class PageTable:
         cdef Run a = self._run(to_tree), b = self._run(to_free)
         self._check(a, b, to_tree, to_free, C_REQUEST, True)
         cdef int8_t* state = &self._state[0]
-        cdef Py_ssize_t i, ps = self.page_size
+        cdef int64_t* free = &self._free_pages[0]
+        cdef Py_ssize_t i, ps = self.page_size, top = self.num_free
+        cdef int shift = self._shift
+        cdef int64_t page
         for i in range(a.pages):
-            state[self._page(at(a, i * ps))] = C_TREE
+            state[page_of(at(a, i * ps), shift, ps)] = C_TREE
         for i in range(b.pages):
-            self._set(state, self._page(at(b, i * ps)), C_FREE)
+            page = page_of(at(b, i * ps), shift, ps)
+            state[page] = C_FREE
+            free[top] = page
+            top += 1
+        self.num_free = top
         self.request_pages -= a.pages + b.pages
 
     def whole_pages(self, const int64_t[:] slots, bint every_slot):
@@ -150,20 +171,15 @@ cdef class PageTable:
         return Run(<const char*>&a[0], a.strides[0], n // self.page_size)
 
     cdef inline int64_t _page(self, int64_t slot) noexcept:
-        return slot >> self._shift if self._shift >= 0 else slot // self.page_size
-
-    cdef inline void _set(self, int8_t* state, int64_t page, int to) noexcept:
-        state[page] = to
-        if to == C_FREE:
-            self._free_pages[self.num_free] = page
-            self.num_free += 1
+        return page_of(slot, self._shift, self.page_size)
 
     cdef void _unmark(self, Run r, Py_ssize_t upto) noexcept:
         cdef int8_t* state = &self._state[0]
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, ps = self.page_size
+        cdef int shift = self._shift
         cdef int64_t page
         for i in range(upto):
-            page = self._page(at(r, i * self.page_size))
+            page = page_of(at(r, i * ps), shift, ps)
             state[page] = state[page] & ~MARK
 
     cdef int _check(
@@ -191,6 +207,7 @@ cdef class PageTable:
         cdef int8_t have
         cdef int8_t* state = &self._state[0]
         cdef bint layout = whole and ps > 1
+        cdef int shift = self._shift
         for i in range(r.pages):
             first = at(r, i * ps)
             if first < 0 or first >= cap:
@@ -201,7 +218,7 @@ cdef class PageTable:
                 for j in range(1, ps):
                     if at(r, i * ps + j) != first + j:
                         return i
-            page = self._page(first)
+            page = page_of(first, shift, ps)
             have = state[page]
             if have & MARK or bad_state(have, expect):
                 return i

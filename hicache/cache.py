@@ -101,6 +101,7 @@ class _Door(NamedTuple):
     own_from: int | None
     slots: np.ndarray  # the device slots' numpy view: cheaper slicing than torch
     tail: np.ndarray  # the whole page under a partial last page's slots (or none)
+    last_node: TreeNode | None  # checked on the key's path: the insert's walk starts there
 
 
 class HiRadixCache:
@@ -330,7 +331,7 @@ class HiRadixCache:
         if last_node is not None:
             self.residency.check_node(last_node, locked=True)
             depth = check_on_path(self.tree, last_node, key, namespace, "last_node")
-        return _Door(key, aligned, depth, arr, tail)
+        return _Door(key, aligned, depth, arr, tail, last_node)
 
     def _insert(
         self,
@@ -343,7 +344,9 @@ class HiRadixCache:
         key, aligned, slots = door.key, door.aligned, door.slots
         if aligned < len(key):
             key, slots = key[:aligned], slots[:aligned]
-        out = self.residency.insert(key, slots, ns, tail, finished, priority, door.own_from)
+        out = self.residency.insert(
+            key, slots, ns, tail, finished, priority, door.own_from, door.last_node
+        )
         for node in out.new_device:
             self.observer.stored(node, "device")
         if out.added is not None:

@@ -224,14 +224,21 @@ class RadixTree:
         page = tokens[start : start + self.page_size].tobytes()
         return (ns, page) if parent is self.root else page
 
-    def walk(self, tokens: Key, namespace: str | None, split: bool) -> WalkResult:
+    def walk(
+        self, tokens: Key, namespace: str | None, split: bool, start: TreeNode | None = None
+    ) -> WalkResult:
         """Follow ``tokens`` (whole pages) down the tree.
 
         When the match ends inside a node and ``split`` is set, the node is split
         there so that the result ends on a node boundary; otherwise the walk
-        stops at the last whole node.
+        stops at the last whole node. ``start``, a node the caller has checked
+        to lie on the tokens' path (``door.check_on_path``), skips comparing
+        the keys above it again.
         """
         node, pos, path, n, ps = self.root, 0, [], len(tokens), self.page_size
+        if start is not None and start is not self.root:
+            path = list(self.path_to_root(start))[::-1]
+            node, pos = start, sum(len(p.key) for p in path)
         while pos + ps <= n:
             child = node.children.get(self.child_key(node, tokens, pos, namespace))
             if child is None:

@@ -141,9 +141,12 @@ class ResidencyTree:
         return node in self._bad
 
     # match ---------------------------------------------------------------
-    def walk(self, key: Key, namespace: str | None) -> list[TreeNode]:
-        """The nodes ``key`` runs through, splitting where the match ends inside one."""
-        return self.tree.walk(key, namespace, split=True).path
+    def walk(
+        self, key: Key, namespace: str | None, start: TreeNode | None = None
+    ) -> list[TreeNode]:
+        """The nodes ``key`` runs through, splitting where the match ends inside
+        one; ``start`` as in ``RadixTree.walk``."""
+        return self.tree.walk(key, namespace, split=True, start=start).path
 
     def touch(self, path: list[TreeNode]) -> PathMatch:
         """Refresh use statistics along ``path`` up to the first failed load."""
@@ -223,6 +226,7 @@ class ResidencyTree:
         finished: bool = False,
         priority: int = 0,
         own_from: int | None = None,
+        start: TreeNode | None = None,
     ) -> InsertOutcome:
         """Cache ``key`` (whole pages) whose KV is at ``slots``, then free
         ``free_after`` (request slots past the insert, e.g. a partial page).
@@ -233,8 +237,9 @@ class ResidencyTree:
         every slot from ``own_from`` on (a request's own, past the prefix it
         locked: a tree slot there means it was inserted already). Duplicates
         of what the tree holds are freed; the rest pass to the tree. The
-        insert stops at a failed load (see ``InsertResult``)."""
-        path = self.walk(key, namespace)
+        insert stops at a failed load (see ``InsertResult``). ``start``: a node
+        checked to lie on ``key``'s path, where the walk may begin."""
+        path = self.walk(key, namespace, start)
         stop = len(path)
         arr = _np(slots)
         if self._bad:  # rare: a failed load on the path stops the insert there

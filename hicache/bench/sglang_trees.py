@@ -106,6 +106,8 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 @contextmanager
 def _unused_imports_stubbed() -> Iterator[None]:
     missing = [m for m in _UNUSED_IMPORTS if importlib.util.find_spec(m) is None]
+    if "triton" in missing:
+        _torch_sees_no_triton()
     finder = _StubFinder(missing)
     sys.meta_path.insert(0, finder)
     try:
@@ -117,6 +119,17 @@ def _unused_imports_stubbed() -> Iterator[None]:
         for name in [n for n in sys.modules if n.split(".")[0] in finder.roots]:
             if isinstance(sys.modules[name], _Stub):
                 del sys.modules[name]
+
+
+def _torch_sees_no_triton() -> None:
+    """Let torch probe for triton before the stand-in exists: SGLang's modules
+    call ``torch.compile`` at import, and torch would take the stand-in for a
+    real triton. Both probes keep their answer (a cached function, a module)."""
+    import torch._dynamo.repro.after_dynamo  # what torch.compile imports
+    import torch._inductor.runtime.triton_compat
+    import torch.utils._triton
+
+    torch.utils._triton.has_triton_package()
 
 
 def load() -> Peers:
