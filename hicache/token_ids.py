@@ -10,12 +10,12 @@ hundred ids). The compiled one runs when built and current
 
 from __future__ import annotations
 
-import operator
 import sys
 from array import array
 from collections.abc import Sequence
 
-MAX_TOKEN_ID = 2**31 - 1
+from hicache.bad_token import first_bad
+
 # An int32's sign is the top bit of its most significant byte.
 _SIGN_BYTES = slice(3, None, 4) if sys.byteorder == "little" else slice(0, None, 4)
 
@@ -33,15 +33,3 @@ def pack_into(out: array, ids: Sequence[int]) -> None:
     if not part.tobytes()[_SIGN_BYTES].isascii():
         raise ValueError(first_bad(ids))
     out.extend(part)
-
-
-def first_bad(ids: Sequence[int]) -> str:
-    """The message naming the first id that is not an int in [0, 2**31)."""
-    for i, v in enumerate(ids):
-        try:
-            ok = 0 <= operator.index(v) <= MAX_TOKEN_ID
-        except TypeError:
-            ok = False
-        if not ok:
-            return f"token ids must be integers in [0, 2**31): position {i} holds {v!r}"
-    return "token ids must be integers in [0, 2**31)"

@@ -11,7 +11,8 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 
-MAX_TOKEN_ID = 2**31 - 1
+from hicache.bad_token import first_bad
+
 cdef long long MAX_ID = 2**31 - 1
 
 
@@ -50,15 +51,3 @@ cdef long long _index(object item):
         return operator.index(item)
     except (TypeError, OverflowError):
         return -1
-
-
-def first_bad(ids):
-    """The message naming the first id that is not an int in [0, 2**31)."""
-    for i, v in enumerate(ids):
-        try:
-            ok = 0 <= operator.index(v) <= MAX_TOKEN_ID
-        except TypeError:
-            ok = False
-        if not ok:
-            return f"token ids must be integers in [0, 2**31): position {i} holds {v!r}"
-    return "token ids must be integers in [0, 2**31)"
