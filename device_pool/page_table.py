@@ -52,6 +52,8 @@ class PageTable:
 
     def alloc(self, n: int) -> np.ndarray:
         """Pop ``n`` (1 <= n <= num_free) pages, now request-held; their slots."""
+        if not 1 <= n <= self.num_free:
+            raise ValueError(f"cannot pop {n} pages: {self.num_free} are free")
         top = self.num_free
         pages = self._free_pages[top - n : top][::-1]  # a view: copied below
         self.num_free = top - n
@@ -68,6 +70,8 @@ class PageTable:
         first slot is range-checked and duplicates are not looked for (slots
         the tree took whole)."""
         pages = self._checked(slots, expect, whole)
+        if not whole and to == FREE and self.num_free + pages.size > self.num_pages:
+            raise SlotError("a page is listed twice")  # more freed than are allocated
         if pages.size and expect != to:
             self._account(pages, expect, to)
             self._set(pages, to)

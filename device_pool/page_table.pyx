@@ -85,6 +85,8 @@ cdef class PageTable:
 
     def alloc(self, Py_ssize_t n):
         """Pop ``n`` (1 <= n <= num_free) pages, now request-held; their slots."""
+        if not 1 <= n <= self.num_free:
+            raise ValueError(f"cannot pop {n} pages: {self.num_free} are free")
         cdef Py_ssize_t ps = self.page_size, i, j, top = self.num_free
         cdef int64_t page
         out_arr = np.empty(n * ps, dtype=np.int64)
@@ -109,6 +111,10 @@ cdef class PageTable:
         cdef Run r = self._run(slots)
         cdef Run none = Run(NULL, 0, 0)
         self._check(r, none, slots, None, expect, whole)
+        if not whole and to == C_FREE and self.num_free + r.pages > self.num_pages:
+            # more pages freed than are allocated: a page listed twice would
+            # push the free stack past its end (unchecked without ``whole``)
+            raise SlotError("a page is listed twice")
         if expect == to:
             if whole:
                 self._unmark(r, r.pages)

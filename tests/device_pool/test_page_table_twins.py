@@ -106,3 +106,28 @@ def test_a_refused_call_changes_nothing_in_either() -> None:
         assert (table.num_free, table.request_pages, table.counts()) == (1, 3, (1, 3, 0))
         table.move(slots, 1, 0, True)  # the marks of the refused call are gone
         assert table.counts() == (4, 0, 0)
+
+
+def test_freeing_more_pages_than_are_allocated_is_refused() -> None:
+    """Tree pages are freed without the duplicate check (they were checked
+    whole on entry); a page listed twice that would overflow the free stack
+    is still refused, before anything changes, in both."""
+    for module in _twins():
+        table = module.PageTable(4, 2)
+        slots = table.alloc(4)
+        table.move(slots, 1, 2, True)  # all four pages to the tree
+        twice = np.concatenate([slots, slots[:2]])
+        with pytest.raises(SlotError, match="listed twice"):
+            table.move(twice, 2, 0, False)
+        assert (table.num_free, table.counts()) == (0, (0, 0, 4))
+        table.move(slots, 2, 0, False)
+        assert (table.num_free, table.counts()) == (4, (4, 0, 0))
+
+
+@pytest.mark.parametrize("n", [0, -1, 3])
+def test_popping_more_pages_than_are_free_is_refused(n: int) -> None:
+    for module in _twins():
+        table = module.PageTable(2, 4)
+        with pytest.raises(ValueError, match="cannot pop"):
+            table.alloc(n)
+        assert (table.num_free, table.counts()) == (2, (2, 0, 0))
