@@ -2,7 +2,7 @@
 
 from hicache.native import use_compiled
 
-use_compiled(__name__, __path__)  # the compiled allocator, when built (hicache.native)
+use_compiled(__name__, __path__)  # the compiled page table, when built (hicache.native)
 
 from device_pool.allocator import PagedAllocator, SlotError  # noqa: E402
 from device_pool.kv_pool import DeviceKVPool, resolve_device, tokens_for_bytes  # noqa: E402
