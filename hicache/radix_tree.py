@@ -9,7 +9,6 @@ of their first page, which hash faster than tuples of ints.
 
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
@@ -17,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from hicache.bad_token import all_nonnegative
 from hicache.token_ids import pack_into
 
 MAX_TOKEN_ID = 2**31 - 1
@@ -168,15 +168,9 @@ def _packed(tokens: Sequence[int]) -> TokenKey:
     return key
 
 
-_SIGN_BYTES = slice(3, None, 4) if sys.byteorder == "little" else slice(0, None, 4)
-
-
 def _nonnegative(key: TokenKey) -> TokenKey:
-    """``key``, or ValueError if an id is negative: an int32's sign is the top
-    bit of its most significant byte, so the ids are >= 0 exactly when those
-    bytes are all ASCII. Three C calls, none through numpy's dispatch, which
-    costs more than the scan on a request's few thousand ids."""
-    if not key.tobytes()[_SIGN_BYTES].isascii():
+    """``key``, or ValueError if an id is negative."""
+    if not all_nonnegative(key):
         raise ValueError("token ids must be >= 0")
     return key
 

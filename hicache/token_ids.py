@@ -10,14 +10,10 @@ hundred ids). The compiled one runs when built and current
 
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Sequence
 
-from hicache.bad_token import first_bad
-
-# An int32's sign is the top bit of its most significant byte.
-_SIGN_BYTES = slice(3, None, 4) if sys.byteorder == "little" else slice(0, None, 4)
+from hicache.bad_token import all_nonnegative, first_bad
 
 
 def pack_into(out: array, ids: Sequence[int]) -> None:
@@ -28,8 +24,6 @@ def pack_into(out: array, ids: Sequence[int]) -> None:
         part = array("i", ids)
     except (TypeError, OverflowError):
         raise ValueError(first_bad(ids)) from None
-    # The ids are >= 0 exactly when their sign bytes are all ASCII: three C
-    # calls, none through numpy's dispatch.
-    if not part.tobytes()[_SIGN_BYTES].isascii():
+    if not all_nonnegative(part):
         raise ValueError(first_bad(ids))
     out.extend(part)
