@@ -129,7 +129,8 @@ class PagedAllocator:
 
         The tree's slots were checked whole and distinct when they entered it
         (``to_tree``, ``commit_request``), so this checks per page only, in
-        O(pages): in range and tree-owned (a double free fails here)."""
+        O(pages): in range, tree-owned and listed once (a double free fails
+        here, within one call or across two)."""
         self._table.move(_flat(slots), TREE, FREE, False)
 
     def free(self, slots: Slots) -> None:

@@ -67,11 +67,9 @@ class PageTable:
     def move(self, slots: np.ndarray, expect: int, to: int, whole: bool) -> None:
         """Pages of ``slots`` in state ``expect`` pass to state ``to`` (``FREE``
         pushes them on the free stack). Without ``whole``, only each page's
-        first slot is range-checked and duplicates are not looked for (slots
-        the tree took whole)."""
-        pages = self._checked(slots, expect, whole)
-        if not whole and to == FREE and self.num_free + pages.size > self.num_pages:
-            raise SlotError("a page is listed twice")  # more freed than are allocated
+        first slot is range-checked (slots the tree took whole); a page listed
+        twice is refused either way when the state changes."""
+        pages = self._checked(slots, expect, whole, distinct=expect != to)
         if pages.size and expect != to:
             self._account(pages, expect, to)
             self._set(pages, to)
@@ -83,7 +81,7 @@ class PageTable:
             if part.size % self.page_size:
                 raise SlotError(f"{part.size} slots do not form whole pages of {self.page_size}")
         both = np.concatenate((to_tree, to_free)) if to_free.size else to_tree
-        pages = self._checked(both, REQUEST, True)
+        pages = self._checked(both, REQUEST, True, True)
         keep = to_tree.size // self.page_size
         self._state[pages[:keep]] = TREE
         self._set(pages[keep:], FREE)
@@ -133,8 +131,10 @@ class PageTable:
             self._free_pages[top : top + pages.size] = pages
             self.num_free = top + pages.size
 
-    def _checked(self, slots: np.ndarray, expect: int, whole: bool) -> np.ndarray:
-        pages = self.whole_pages(slots, every_slot=whole)
+    def _checked(self, slots: np.ndarray, expect: int, whole: bool, distinct: bool) -> np.ndarray:
+        pages = self.whole_pages(slots, every_slot=whole)  # distinct too when whole
+        if distinct and not whole:
+            self._check_distinct(pages)
         if not pages.size:
             return pages
         # Small arrays: a bytes comparison costs a fraction of a ufunc plus any().

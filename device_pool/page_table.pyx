@@ -3,12 +3,15 @@
 ``page_table.py`` (read that module's docstring; same names, results and
 ``SlotError`` messages, tested against each other).
 
-A call checks every page in one fused pass (range, layout, state; with
-``whole``, a mark bit in the state byte finds duplicates) before its second
-pass changes anything, so a refused call changes nothing, as in the numpy
-version; a refused call's message comes from the separate checks, run in the
-numpy version's order. The loops read raw pointers held in locals: through
-the object's fields, every byte store would make C reload them.
+A call checks and moves each page in one pass; a page listed twice fails at
+its second visit, which finds it moved already. When a page fails, the pages
+already moved are put back before the SlotError, so a refused call changes
+nothing, as in the numpy version; its message comes from the separate
+checks, run in the numpy version's order. The rare calls where that does not
+work (an expected state that is either of two, a check with no move) check
+every page first, with a mark bit in the state byte for duplicates, then
+apply. The loops read raw pointers held in locals: through the object's
+fields, every byte store would make C reload them.
 """
 
 import numpy as np
@@ -49,6 +52,17 @@ cdef inline bint bad_state(int8_t have, int expect) noexcept nogil:
     if expect < 0:
         return False
     return (have == C_FREE) if expect == C_ALLOCATED else (have != expect)
+
+
+cdef inline bint bad_layout(Run r, Py_ssize_t i, Py_ssize_t ps, int64_t first) noexcept nogil:
+    # page i's slots are not first, first + 1, ... of one page
+    cdef Py_ssize_t j
+    if first % ps:
+        return True
+    for j in range(1, ps):
+        if at(r, i * ps + j) != first + j:
+            return True
+    return False
 
 
 @cython.final  # direct calls to the cdef helpers (no vtable), which C then inlines
@@ -109,16 +123,29 @@ cdef class PageTable:
     def move(self, const int64_t[:] slots, int expect, int to, bint whole):
         """Pages of ``slots`` in state ``expect`` pass to state ``to``."""
         cdef Run r = self._run(slots)
+        cdef Py_ssize_t top = self.num_free, done, held
+        if expect == to or expect == C_ALLOCATED:
+            held = self._check_move(r, slots, expect, to, whole)
+        else:
+            # one pass checks and moves; a page listed twice fails at its
+            # second visit, which finds it moved already
+            done = self._apply(r, expect, to, whole and self.page_size > 1, &top)
+            if done < r.pages:
+                self._undo(r, done, expect)
+                self._diagnose(slots, None, expect, whole, True, r.pages)
+            self.num_free = top
+            held = r.pages if expect == C_REQUEST else 0
+        self.request_pages += (r.pages if to == C_REQUEST else 0) - held
+
+    cdef Py_ssize_t _check_move(
+        self, Run r, const int64_t[:] slots, int expect, int to, bint whole
+    ) except -1:
+        """``move`` for the rare cases (an expected state that is either of
+        two, or no change): check every page first, then apply; the
+        request-held pages among them."""
         cdef Run none = Run(NULL, 0, 0)
-        self._check(r, none, slots, None, expect, whole)
-        if not whole and to == C_FREE and self.num_free + r.pages > self.num_pages:
-            # more pages freed than are allocated: a page listed twice would
-            # push the free stack past its end (unchecked without ``whole``)
-            raise SlotError("a page is listed twice")
-        if expect == to:
-            if whole:
-                self._unmark(r, r.pages)
-            return
+        cdef bint distinct = whole or expect != to
+        self._check(r, none, slots, None, expect, whole, distinct)
         cdef int8_t* state = &self._state[0]
         cdef int64_t* free = &self._free_pages[0]
         cdef Py_ssize_t i, held = 0, top = self.num_free, ps = self.page_size
@@ -127,38 +154,35 @@ cdef class PageTable:
         for i in range(r.pages):
             page = page_of(at(r, i * ps), shift, ps)
             held += (state[page] & ~MARK) == C_REQUEST
-            state[page] = to
-            if to == C_FREE:
+            state[page] = to if expect != to else state[page] & ~MARK
+            if to == C_FREE and expect != to:
                 free[top] = page
                 top += 1
         self.num_free = top
-        self.request_pages += (r.pages if to == C_REQUEST else 0) - held
+        return held
 
     def commit(self, const int64_t[:] to_tree, const int64_t[:] to_free):
         """Request-held pages of ``to_tree`` pass to the tree, those of
-        ``to_free`` are freed: one check over both."""
+        ``to_free`` are freed: one pass checks and moves both."""
         cdef Run a = self._run(to_tree), b = self._run(to_free)
-        self._check(a, b, to_tree, to_free, C_REQUEST, True)
-        cdef int8_t* state = &self._state[0]
-        cdef int64_t* free = &self._free_pages[0]
-        cdef Py_ssize_t i, ps = self.page_size, top = self.num_free
-        cdef int shift = self._shift
-        cdef int64_t page
-        for i in range(a.pages):
-            state[page_of(at(a, i * ps), shift, ps)] = C_TREE
-        for i in range(b.pages):
-            page = page_of(at(b, i * ps), shift, ps)
-            state[page] = C_FREE
-            free[top] = page
-            top += 1
-        self.num_free = top
-        self.request_pages -= a.pages + b.pages
+        cdef Py_ssize_t top = self.num_free, done_a, done_b = 0
+        cdef bint layout = self.page_size > 1
+        done_a = self._apply(a, C_REQUEST, C_TREE, layout, &top)
+        if done_a == a.pages:
+            done_b = self._apply(b, C_REQUEST, C_FREE, layout, &top)
+            if done_b == b.pages:
+                self.num_free = top
+                self.request_pages -= a.pages + b.pages
+                return
+        self._undo(b, done_b, C_REQUEST)
+        self._undo(a, done_a, C_REQUEST)
+        self._diagnose(to_tree, to_free, C_REQUEST, True, True, a.pages + b.pages)
 
     def whole_pages(self, const int64_t[:] slots, bint every_slot):
         """Page numbers of ``slots``, checked as in ``page_table.py``."""
         cdef Run r = self._run(slots)
         cdef Run none = Run(NULL, 0, 0)
-        self._check(r, none, slots, None, -1, every_slot)
+        self._check(r, none, slots, None, -1, every_slot, every_slot)
         out_arr = np.empty(r.pages, dtype=np.int64)
         cdef int64_t[::1] out = out_arr
         cdef Py_ssize_t i
@@ -189,51 +213,86 @@ cdef class PageTable:
             state[page] = state[page] & ~MARK
 
     cdef int _check(
-        self, Run a, Run b, const int64_t[:] va, const int64_t[:] vb, int expect, bint whole
+        self, Run a, Run b, const int64_t[:] va, const int64_t[:] vb, int expect, bint whole,
+        bint distinct,
     ) except -1:
-        """Pages of ``a`` then ``b``: whole, in range, distinct (``whole``),
-        in ``expect`` (-1: any state); SlotError otherwise. With ``whole`` the
-        pages stay marked: the caller's next pass clears the marks."""
-        cdef Py_ssize_t done_a = self._scan(a, expect, whole), done_b = 0
+        """Pages of ``a`` then ``b``: in range, whole (``whole``), distinct
+        (``distinct``), in ``expect`` (-1: any state); SlotError otherwise.
+        With ``distinct`` the pages stay marked: the caller's next pass
+        clears the marks."""
+        cdef bint layout = whole and self.page_size > 1
+        cdef Py_ssize_t done_a = self._scan(a, expect, layout, distinct), done_b = 0
         if done_a == a.pages:
-            done_b = self._scan(b, expect, whole)
+            done_b = self._scan(b, expect, layout, distinct)
             if done_b == b.pages:
                 return 0
-        if whole:
+        if distinct:
             self._unmark(a, done_a)
             self._unmark(b, done_b)
-        self._diagnose(va, vb, expect, whole, a.pages + b.pages)
+        self._diagnose(va, vb, expect, whole, distinct, a.pages + b.pages)
         return -1
 
-    cdef Py_ssize_t _scan(self, Run r, int expect, bint whole) noexcept:
+    cdef Py_ssize_t _scan(self, Run r, int expect, bint layout, bint mark) noexcept:
         """Pages of ``r`` that pass every check, in order, up to the first that
-        fails (marked when ``whole``)."""
-        cdef Py_ssize_t ps = self.page_size, i, j
+        fails (marked when ``mark``: a page met marked is listed twice)."""
+        cdef Py_ssize_t ps = self.page_size, i
         cdef int64_t first, page, cap = self.num_pages * ps
         cdef int8_t have
         cdef int8_t* state = &self._state[0]
-        cdef bint layout = whole and ps > 1
         cdef int shift = self._shift
         for i in range(r.pages):
             first = at(r, i * ps)
-            if first < 0 or first >= cap:
+            if first < 0 or first >= cap or (layout and bad_layout(r, i, ps, first)):
                 return i
-            if layout:
-                if first % ps:
-                    return i
-                for j in range(1, ps):
-                    if at(r, i * ps + j) != first + j:
-                        return i
             page = page_of(first, shift, ps)
             have = state[page]
             if have & MARK or bad_state(have, expect):
                 return i
-            if whole:
+            if mark:
                 state[page] = have | MARK
         return r.pages
 
+    cdef Py_ssize_t _apply(
+        self, Run r, int expect, int to, bint layout, Py_ssize_t* top
+    ) noexcept:
+        """Check and move the pages of ``r`` in one pass (``expect`` one state,
+        not ``to``; ``FREE`` pushes at ``top``), in order, up to the first
+        that fails: out of range, not whole (``layout``), or not in
+        ``expect``, which includes a page met a second time. The caller
+        undoes the moved ones when it returns short."""
+        cdef Py_ssize_t ps = self.page_size, i = 0, t = top[0]
+        cdef int64_t first, page, cap = self.num_pages * ps
+        cdef int8_t* state = &self._state[0]
+        cdef int64_t* free = &self._free_pages[0]
+        cdef int shift = self._shift
+        while i < r.pages:
+            first = at(r, i * ps)
+            if first < 0 or first >= cap or (layout and bad_layout(r, i, ps, first)):
+                break
+            page = page_of(first, shift, ps)
+            if state[page] != expect:
+                break
+            state[page] = to
+            if to == C_FREE:
+                free[t] = page
+                t += 1
+            i += 1
+        top[0] = t
+        return i
+
+    cdef void _undo(self, Run r, Py_ssize_t done, int expect) noexcept:
+        """Put the first ``done`` pages of ``r`` back in ``expect`` (their
+        state before a refused ``_apply``; pushes are dropped by the caller
+        keeping its top)."""
+        cdef int8_t* state = &self._state[0]
+        cdef Py_ssize_t i, ps = self.page_size
+        cdef int shift = self._shift
+        for i in range(done):
+            state[page_of(at(r, i * ps), shift, ps)] = expect
+
     cdef int _diagnose(
-        self, const int64_t[:] a, const int64_t[:] b, int expect, bint whole, Py_ssize_t n
+        self, const int64_t[:] a, const int64_t[:] b, int expect, bint whole, bint distinct,
+        Py_ssize_t n,
     ) except -1:
         """Raise the SlotError for a refused call, checks in the numpy order."""
         cdef Py_ssize_t ps = self.page_size
@@ -244,7 +303,7 @@ cdef class PageTable:
             self._check_layout(a)
             if b is not None:
                 self._check_layout(b)
-        if whole:
+        if distinct:
             self._stamp += 1
             if n > self.num_pages:
                 raise SlotError("a page is listed twice")
