@@ -315,7 +315,10 @@ def _table(found: list[SideFigures]) -> str:
         )
     spread = max(f.hit_rate for f in found) - min(f.hit_rate for f in found)
     if spread > 0.005:
-        lines.append(f"  WARNING: hit rates differ by {spread:.4f} (> 0.005)")
+        lines.append(
+            f"  WARNING: hit rates differ by {spread:.4f} (> 0.005); "
+            "docs/architecture.md (Compiled hot path, Hit rates) says why they can"
+        )
     return "\n".join(lines)
 
 
