@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hicache.cache import HiRadixCache
+from hicache.errors import CacheError
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier, write_kv
 
@@ -228,5 +229,27 @@ def test_a_partial_page_outside_the_pool_is_refused(cache: HiRadixCache) -> None
     _refused(cache, cache.cache_finished_req, tokens, slots, m.last_device_node)
     cache.cache_finished_req(tokens, mine[: len(tokens)], m.last_device_node)
     cache.drain()  # backups in flight hold locks until their acks
+    cache.check_integrity()
+    assert cache.protected_size() == 0 and cache.request_held_size() == 0
+
+
+@pytest.mark.parametrize("tail", [[1], [0, 2], [1, 0], [0, 1, 3]])  # offsets into one page
+def test_a_partial_page_not_in_order_from_its_start_is_refused(
+    cache: HiRadixCache, tail: list[int]
+) -> None:
+    """The partial last page's slots must be its page's first slots, in order:
+    anything else is refused before anything changes."""
+    tokens = seq(7, 2 * PS + len(tail))
+    m = cache.match_prefix(tokens)
+    cache.inc_lock_ref(m.last_device_node)
+    mine = cache.alloc_device(len(tokens))
+    assert mine is not None
+    start = int(mine[2 * PS])
+    slots = torch.cat([mine[: 2 * PS], torch.tensor([start + t for t in tail])])
+    with pytest.raises(CacheError, match="partial last page"):
+        cache.cache_finished_req(tokens, slots, m.last_device_node)
+    _refused(cache, cache.cache_finished_req, tokens, slots, m.last_device_node)
+    cache.cache_finished_req(tokens, mine[: len(tokens)], m.last_device_node)
+    cache.drain()
     cache.check_integrity()
     assert cache.protected_size() == 0 and cache.request_held_size() == 0
