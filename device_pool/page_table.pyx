@@ -154,8 +154,11 @@ cdef class PageTable:
         for i in range(r.pages):
             page = page_of(at(r, i * ps), shift, ps)
             held += (state[page] & ~MARK) == C_REQUEST
-            state[page] = to if expect != to else state[page] & ~MARK
-            if to == C_FREE and expect != to:
+            if expect == to:  # a check only: clear its marks
+                state[page] = state[page] & ~MARK
+                continue
+            state[page] = to
+            if to == C_FREE:
                 free[top] = page
                 top += 1
         self.num_free = top
