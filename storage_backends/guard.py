@@ -25,6 +25,7 @@ from storage_backends.errors import StorageClosedError, StoreDamagedError
 from storage_backends.log_limit import LogLimiter
 from storage_backends.registry import create
 from storage_backends.store_dir import quarantine_store
+from storage_backends.store_kind import as_found
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +169,10 @@ class GuardedBackend:
 def open_guarded(name: str, config: StorageConfig) -> GuardedBackend:
     """Create backend ``name`` (``storage_backends.create``) behind a guard
     that, when the store turns out damaged at run time, moves it aside and
-    starts an empty one. Raises what ``create`` raises."""
+    starts an empty one. A local store directory that already holds another
+    kind of store (``store_kind``) is opened as that kind, logged, never
+    replaced by an empty one (the empty store after a quarantine is ``name``'s).
+    Raises what ``create`` raises."""
 
     def replace() -> StorageBackend:
         if config.path:
@@ -176,4 +180,6 @@ def open_guarded(name: str, config: StorageConfig) -> GuardedBackend:
             logger.error("damaged store moved to %s", moved)
         return create(name, config)
 
-    return GuardedBackend(create(name, config), replace, config.timeout_s)
+    found = as_found(config) if name == config.backend else None
+    first = create(found.backend, found) if found is not None else create(name, config)
+    return GuardedBackend(first, replace, config.timeout_s)
