@@ -7,7 +7,8 @@ size (1, 8, 64 chunks a job) every tier stores ``--chunks`` fresh chunks
 loads them back into other primary slots, and the loaded bytes are checked.
 GB/s is chunk bytes moved over the wall time from the first submit to the
 last completion. Targets (issue 24): LMDB >= 1.0x fs, the daemon on ipc://
->= 0.7x fs; (issue 35) the disk backend >= 1.0x fs on every cell. Needs vLLM's wheel (``make test`` installs it).
+>= 0.7x fs; (issue 35) the disk backend >= 1.0x fs on every cell. Needs
+vLLM's wheel (``make test`` installs it).
 """
 
 from __future__ import annotations
