@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--cell-mb", type=int, default=32, help="bytes each side stores per cell (MiB)"
     )
-    group.add_argument("--plot", type=Path, help="also draw the GB/s of every side here (PNG)")
+    group.add_argument("--plot", type=Path, help="also draw the GB/s of every side here (PNG; default: no plot)")
 
 
 def _ints(text: str | None, default: Sequence[int]) -> tuple[int, ...]:

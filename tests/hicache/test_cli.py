@@ -209,7 +209,7 @@ def _commands() -> list[tuple[str, argparse.ArgumentParser]]:
 
 
 def test_every_command_takes_v_and_every_config_reader_takes_config_and_set() -> None:
-    no_config = {"hicache keygen", "hicache store verify"}
+    no_config = {"hicache keygen", "hicache store verify", "hicache store migrate"}
     for prog, parser in _commands():
         options = {o for a in parser._actions for o in a.option_strings}
         assert "-v" in options, prog
