@@ -25,6 +25,7 @@ import xxhash
 
 from hicache.bench.disk_sides import SIDES, Pages, Side, make_pages, open_sides, remove_sides
 from hicache.bench.page_cache import DropResult, drop_page_cache
+from hicache.cli_common import at_least
 
 OPS = ("put", "get cold", "get warm")
 DEFAULT_PAGES_KB = (64, 1024)
@@ -64,9 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--batches", help="pages per call, comma-separated (default 16)")
     group.add_argument("--threads", help="I/O threads, comma-separated (default 1,4)")
     group.add_argument(
-        "--cell-mb", type=int, default=32, help="bytes each side stores per cell (MiB)"
+        "--cell-mb", type=at_least(1), default=32, help="bytes each side stores per cell (MiB)"
     )
-    group.add_argument("--plot", type=Path, help="also draw the GB/s of every side here (PNG; default: no plot)")
+    group.add_argument(
+        "--plot", type=Path, help="also draw the GB/s of every side here (PNG; default: no plot)"
+    )
 
 
 def _ints(text: str | None, default: Sequence[int]) -> tuple[int, ...]:
@@ -82,7 +85,7 @@ def cells(args: argparse.Namespace) -> list[Cell]:
     pages_kb = _ints(args.pages_kb, FULL_PAGES_KB if args.full else DEFAULT_PAGES_KB)
     batches = _ints(args.batches, FULL_BATCHES if args.full else DEFAULT_BATCHES)
     threads = _ints(args.threads, THREADS)
-    cell_bytes = max(1, args.cell_mb) << 20
+    cell_bytes = args.cell_mb << 20
     out = []
     for kb in pages_kb:
         count = max(1, cell_bytes // (kb << 10))

@@ -86,7 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-bytes", type=at_least(1), default=512, help="bytes per page")
     parser.add_argument("--repeat", type=at_least(1), default=3, help="warm opens; the best counts")
     parser.add_argument("--dir", type=Path, help="where the stores go (default: a temp dir)")
-    parser.add_argument("--json", type=Path, help="also write the rows here as JSON (default: print only)")
+    parser.add_argument(
+        "--json", type=Path, help="also write the rows here as JSON (default: print only)"
+    )
 
 
 def _key(i: int) -> bytes:
