@@ -170,7 +170,8 @@ class FilePerPageSide:
 
 
 def open_sides(root: Path, pages: Pages, threads: int) -> list[Side]:
-    """Every side, each in a fresh directory under ``root``."""
+    """Every side, each in a fresh directory under ``root`` (created here)."""
+    root.mkdir(parents=True)
     return [
         BackendSide("disk", root / "disk", pages, threads),
         RawSide(root / "raw", pages, threads),

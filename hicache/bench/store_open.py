@@ -29,6 +29,7 @@ from storage_backends import StorageConfig, create
 DEFAULT_SIZES = (10_000, 100_000)
 _FILL_BATCH = 1024
 _PROBES = 16
+_INDEX_ROOM = 1024  # bytes of index map per page (an entry, its recency, B-tree pages)
 # The opening process: prints one JSON line (times in seconds, RSS in KiB).
 _CHILD = textwrap.dedent(
     """
@@ -97,7 +98,11 @@ def _key(i: int) -> bytes:
 
 def _config(backend: str, root: Path, pages: int, page_bytes: int) -> StorageConfig:
     room = int(pages * (page_bytes + 128) * 1.5) + (256 << 20)
-    return StorageConfig(backend=backend, path=str(root), max_bytes=room, sync=False)
+    # disk sizes its index's map for pages of 4 KiB and more; these are smaller.
+    index = pages * _INDEX_ROOM + (64 << 20) if backend == "disk" else 0
+    return StorageConfig(
+        backend=backend, path=str(root), max_bytes=room, map_size=index, sync=False
+    )
 
 
 def _fill(config: StorageConfig, start: int, stop: int, page_bytes: int) -> None:
@@ -118,7 +123,7 @@ def _open_in_child(config: StorageConfig, pages: int, page_bytes: int) -> dict[s
     fields = {"backend": config.backend, "path": config.path, "max_bytes": config.max_bytes}
     spec = {
         "backend": config.backend,
-        "config": {**fields, "sync": config.sync},
+        "config": {**fields, "sync": config.sync, "map_size": config.map_size},
         "pages": pages,
         "page_bytes": page_bytes,
         "probes": _PROBES,
