@@ -92,8 +92,10 @@ def _exclusive(source: Path) -> Iterator[None]:
     """Hold the store's open lock exclusively: no process has it open, none opens it."""
     if not source.is_dir():
         raise MigrateError(f"{source} is not a directory")
-    if detect(source) != "lmdb":
-        raise MigrateError(f"{source} does not hold an LMDB store (no data.mdb, or mixed)")
+    found = detect(source)
+    if found != "lmdb":
+        held = f"it holds a {found} store" if found else "no data.mdb, or stores of several kinds"
+        raise MigrateError(f"{source} does not hold an LMDB store ({held})")
     try:
         fd = os.open(source / OPEN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
