@@ -48,6 +48,9 @@ class SegmentFiles:
         return self._root / segment_name(segment)
 
     def _fd(self, segment: int, create: bool) -> int:
+        fd = self._fds.get(segment)  # the common case, without the lock
+        if fd is not None:
+            return fd
         with self._lock:
             fd = self._fds.get(segment)
             if fd is None:
