@@ -34,7 +34,7 @@ from storage_backends.disk.io_pool import IoPool
 from storage_backends.disk.layout import INDEX_DIR, Location, Slot, SlotClass, slot_class
 from storage_backends.disk.owners import Ownership
 from storage_backends.disk.records import check_read
-from storage_backends.disk.segments import SegmentFiles
+from storage_backends.disk.segments import SegmentFiles, check_direct_io
 from storage_backends.errors import StorageClosedError, StoreDamagedError
 from storage_backends.lmdb_check import check_store
 from storage_backends.log_limit import LogLimiter
@@ -98,7 +98,10 @@ class DiskBackend:
         self._config = config
         self._counters = StatCounters()
         self._log = LogLimiter(logger)
-        self._root, self._owners, self._index = self._open(prepare_store_dir(config))
+        root = prepare_store_dir(config)
+        if config.direct_io:
+            check_direct_io(root)  # before anything is opened that would need closing
+        self._root, self._owners, self._index = self._open(root)
         file_bytes = min(self._index.segment_bytes, config.max_bytes)
         self._segments = SegmentFiles(self._root, file_bytes, config.direct_io)
         self._pool = IoPool(config.io_threads)

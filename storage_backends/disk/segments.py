@@ -41,8 +41,6 @@ class SegmentFiles:
         self._fds: dict[int, int] = {}
         self._sizes: dict[int, int] = {}
         self._lock = threading.Lock()
-        if direct_io:
-            check_direct_io(root)
 
     def path(self, segment: int) -> Path:
         return self._root / segment_name(segment)
