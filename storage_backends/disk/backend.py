@@ -208,7 +208,7 @@ class DiskBackend:
     def _read_one(self, key: bytes, loc: Location, runs: Sequence[memoryview]) -> Verdict:
         header = bytearray(HEADER_BYTES)
         try:
-            got = self._segments.read(loc.slot, header, runs)
+            got = self._segments.read(loc.segment, loc.offset, header, runs)
         except OSError as exc:
             self._log.failure("disk store read failed; reported as a damaged page", exc)
             return Verdict.TRUNCATED

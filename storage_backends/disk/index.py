@@ -193,7 +193,7 @@ class IndexWriter:
 
     def insert_new(self, key: bytes, slot: Slot, cls: SlotClass, payload_len: int) -> bool:
         """Index a written page; False (nothing changed) if ``key`` is stored already."""
-        loc = Location(slot, cls, payload_len, self._next_stamp)
+        loc = Location.of(slot, cls, payload_len, self._next_stamp)
         if not self._txn.put(key, loc.pack(), db=self._dbs.pages, overwrite=False):
             return False
         self._txn.put(u64(self._stamp()), key, db=self._dbs.lru)
