@@ -16,7 +16,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
-from hicache.cli_common import (
+from hicache.config.flags import (
     HelpFormatter,
     LazySubParsers,
     Parser,
@@ -29,7 +29,7 @@ from hicache.cli_common import (
     port_in_use,
     verbose_parent,
 )
-from hicache.shipped import resolve_config
+from hicache.config.shipped import resolve_config
 
 # Sub-command name -> module exposing ``add_arguments(parser)`` (its docstring's
 # first line is the command's help, the whole its description). A module is
@@ -41,7 +41,7 @@ from hicache.shipped import resolve_config
 COMMANDS: MappingProxyType[str, str] = MappingProxyType(
     {
         "bench": "hicache.bench",
-        "store": "hicache.store_cli",
+        "store": "hicache.cli.store",
     }
 )
 
@@ -53,7 +53,7 @@ def overview() -> str:
     """The top-level description: every command, down to each benchmark, with its help."""
     from hicache.bench import summaries
     from hicache.daemon import cli as daemon_cli
-    from hicache.store_cli import run_inspect, run_verify
+    from hicache.cli.store import run_inspect, run_verify
 
     leaves = [(f"bench {name}", first_line(doc)) for name, doc in summaries().items()]
     leaves += [

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hicache.cli_common import add_config_flags, add_lazy_commands
+from hicache.config.flags import add_config_flags, add_lazy_commands
 
 if TYPE_CHECKING:
-    from hicache.config import CacheConfig
+    from hicache.config.cache import CacheConfig
     from storage_backends.inspect import StoreSummary
 
 
@@ -46,7 +46,7 @@ def _mib(n: int) -> str:
 
 def model_line(summary: StoreSummary, config: CacheConfig) -> str:
     """Which model the store's fingerprint names, as far as ``config`` tells."""
-    from hicache.hashing import model_fingerprint
+    from hicache.keys.hashing import model_fingerprint
 
     if not summary.fingerprint:
         return "model: unknown (the store records no fingerprint)"

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hicache import config_loader
-from hicache.config_loader import Override, Scalar, parse_override
-from hicache.eviction import EVICTION_POLICIES
-from hicache.prefetch_policy import PREFETCH_POLICIES
-from hicache.write_policy import WRITE_POLICIES
+from hicache.config import loader as config_loader
+from hicache.config.loader import Override, Scalar, parse_override
+from hicache.policies.eviction import EVICTION_POLICIES
+from hicache.policies.prefetch import PREFETCH_POLICIES
+from hicache.policies.write import WRITE_POLICIES
 from storage_backends import StorageConfig
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ class EventsConfig:
     replay_buffer: int = 10_000
 
     def __post_init__(self) -> None:
-        from hicache.event_formats import FORMATS
+        from hicache.events.formats import FORMATS
 
         _one_of(self.format, tuple(FORMATS), "events.format")
         _check(self.replay_buffer >= 1, "events.replay_buffer", "must be >= 1")
@@ -244,7 +244,7 @@ class CacheConfig:
 
 def shipped_path(name: str) -> Path:
     """The file of shipped config ``name``; ValueError naming the cache's shipped configs."""
-    from hicache.shipped import CACHE, resolve_config, shipped_configs
+    from hicache.config.shipped import CACHE, resolve_config, shipped_configs
 
     if name not in shipped_configs(CACHE):
         raise ValueError(

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from hicache import config_loader
-from hicache.config_loader import Scalar
-from hicache.daemon.protocol import Limits
+from hicache.config import loader as config_loader
+from hicache.config.loader import Scalar
+from storage_backends.remote.protocol import Limits
 
 _TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

@@ -1,7 +1,7 @@
 """The README's configuration tables (the cache's, the daemon's), generated from the config
 dataclasses.
 
-``python -m hicache.config_doc`` prints them; ``--write README.md`` replaces the
+``python -m hicache.config.doc`` prints them; ``--write README.md`` replaces the
 blocks between the README's markers. A test checks that the README holds what
 this module generates, so a table can never disagree with the code or with
 ``configs/default.toml`` / ``configs/daemon.toml``.
@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from hicache.config import CacheConfig, choice_fields
-from hicache.config_loader import keys_of
-from hicache.shipped import resolve_config
+from hicache.config.cache import CacheConfig, choice_fields
+from hicache.config.loader import keys_of
+from hicache.config.shipped import resolve_config
 
-BEGIN = "<!-- config-table:begin (generated: python -m hicache.config_doc --write README.md) -->"
+BEGIN = "<!-- config-table:begin (generated: python -m hicache.config.doc --write README.md) -->"
 END = "<!-- config-table:end -->"
 DAEMON_BEGIN = BEGIN.replace("config-table", "daemon-config-table")
 DAEMON_END = END.replace("config-table", "daemon-config-table")
@@ -129,7 +129,7 @@ class Table(NamedTuple):
 
 
 def tables() -> tuple[Table, Table]:
-    from hicache.daemon.config import DaemonConfig
+    from hicache.config.daemon import DaemonConfig
 
     return (
         Table(CacheConfig, "default", MEANINGS, BEGIN, END),
@@ -216,7 +216,7 @@ def replace_all(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hicache.config_doc", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m hicache.config.doc", description=__doc__)
     parser.add_argument("--write", type=Path, help="replace the tables in this Markdown file")
     args = parser.parse_args(argv)
     if args.write is None:

@@ -17,12 +17,12 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from hicache.config_loader import Override, check_keys, parse_override
-from hicache.shipped import CACHE, DAEMON, resolve_config, shipped_configs
+from hicache.config.loader import Override, check_keys, parse_override
+from hicache.config.shipped import CACHE, DAEMON, resolve_config, shipped_configs
 
 if TYPE_CHECKING:
-    from hicache.config import CacheConfig
-    from hicache.daemon.config import DaemonConfig
+    from hicache.config.cache import CacheConfig
+    from hicache.config.daemon import DaemonConfig
 
 Builder = Callable[[argparse.ArgumentParser], None]
 
@@ -171,7 +171,7 @@ def _choices_help(kind: str) -> str:
     """The names each registry-backed key accepts, read from the registries."""
     if kind != CACHE:
         return ""
-    from hicache.config import choice_fields
+    from hicache.config.cache import choice_fields
 
     return "; " + "; ".join(f"{k}: {'|'.join(names)}" for k, names in choice_fields().items())
 
@@ -185,7 +185,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, object]:
 def load_config(args: argparse.Namespace) -> CacheConfig:
     """The cache config ``--config`` names, with the ``--set`` overrides applied.
     ValueError (naming the flag or the file, and the key) or OSError."""
-    from hicache.config import CacheConfig
+    from hicache.config.cache import CacheConfig
 
     path = resolve_config(str(args.config), CACHE)
     return CacheConfig.from_toml(path, overrides_of(args))  # type: ignore[arg-type]
@@ -193,7 +193,7 @@ def load_config(args: argparse.Namespace) -> CacheConfig:
 
 def load_daemon_config(args: argparse.Namespace) -> DaemonConfig:
     """The daemon config ``--config`` names, with the ``--set`` overrides applied."""
-    from hicache.daemon.config import DaemonConfig
+    from hicache.config.daemon import DaemonConfig
 
     path = resolve_config(str(args.config), DAEMON)
     return DaemonConfig.from_toml(path, overrides_of(args))  # type: ignore[arg-type]
@@ -209,9 +209,9 @@ def load_any(args: argparse.Namespace) -> CacheConfig | DaemonConfig:
 def check_override_keys(args: argparse.Namespace) -> None:
     """ValueError for a ``--set`` key that is no key of the command's config, with the nearest."""
     if getattr(args, "config_kind", CACHE) == DAEMON:
-        from hicache.daemon.config import DaemonConfig as cls
+        from hicache.config.daemon import DaemonConfig as cls
     else:
-        from hicache.config import CacheConfig as cls  # type: ignore[assignment]
+        from hicache.config.cache import CacheConfig as cls  # type: ignore[assignment]
     check_keys(cls, overrides_of(args))  # type: ignore[arg-type]
 
 

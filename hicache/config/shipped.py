@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hicache.config_loader import read_toml
+from hicache.config.loader import read_toml
 
 CONFIG_SUFFIX = ".toml"
 CACHE = "cache"
@@ -27,13 +27,13 @@ def _folder() -> Path:
 
 def sections(kind: str) -> tuple[str, ...]:
     """The top-level tables a config of ``kind`` may hold."""
-    from hicache.config_loader import sections_of
+    from hicache.config.loader import sections_of
 
     if kind == DAEMON:
-        from hicache.daemon.config import DaemonConfig
+        from hicache.config.daemon import DaemonConfig
 
         return sections_of(DaemonConfig)
-    from hicache.config import CacheConfig
+    from hicache.config.cache import CacheConfig
 
     return sections_of(CacheConfig)
 

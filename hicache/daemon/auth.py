@@ -10,7 +10,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from hicache.daemon.config import AuthConfig
+from hicache.config.daemon import AuthConfig
 
 logger = logging.getLogger(__name__)
 

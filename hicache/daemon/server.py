@@ -24,10 +24,10 @@ from typing import NamedTuple
 import zmq
 
 from hicache.daemon.auth import DEFAULT_TENANT, CurveAuth
-from hicache.daemon.config import DaemonConfig, is_loopback
+from hicache.config.daemon import DaemonConfig, is_loopback
 from hicache.daemon.metrics import DaemonMetrics
 from hicache.daemon.peers import PeerGuard, raise_fd_limit
-from hicache.daemon.protocol import (
+from storage_backends.remote.protocol import (
     DeleteReply,
     ErrorCode,
     ErrorReply,

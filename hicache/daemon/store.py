@@ -8,9 +8,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
-from hicache.daemon.config import StoreConfig
+from hicache.config.daemon import StoreConfig
 from hicache.daemon.memory_lru import ByteLRU
-from hicache.daemon.protocol import Frame
+from storage_backends.remote.protocol import Frame
 from storage_backends import StorageConfig
 from storage_backends.config import user_cache_dir
 from storage_backends.errors import StoreDamagedError

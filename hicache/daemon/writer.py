@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from hicache.daemon.protocol import Frame, Op
+from storage_backends.remote.protocol import Frame, Op
 from hicache.daemon.store import DaemonStore
 
 logger = logging.getLogger(__name__)

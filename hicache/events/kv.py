@@ -3,7 +3,7 @@
 The cache emits the dataclasses below (page keys as 32-byte digests, media
 named after hicache's tiers). A publisher encodes each batch in the wire format
 that ``events.format`` names -- vLLM's or SGLang's schema, see
-``hicache.event_formats`` -- and sends it on a ZeroMQ PUB socket as ``[topic,
+``hicache.events.formats`` -- and sends it on a ZeroMQ PUB socket as ``[topic,
 8-byte big-endian sequence, msgpack batch]``, the framing both projects use.
 With ``events.replay_endpoint`` set, a ROUTER socket serves the last
 ``events.replay_buffer`` batches again to a subscriber that missed some: it
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 import zmq
 
 if TYPE_CHECKING:
-    from hicache.config import EventsConfig
-    from hicache.event_formats import WireFormat
+    from hicache.config.cache import EventsConfig
+    from hicache.events.formats import WireFormat
 
 Medium = Literal["device", "host", "storage"]
-logger = logging.getLogger("hicache.events")
+logger = logging.getLogger("hicache.events.kv")
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class ZmqEventPublisher:
         if replay_buffer < 1:
             raise ValueError(f"events.replay_buffer must be >= 1, got {replay_buffer}")
         if wire is None:
-            from hicache.event_formats import create_format
+            from hicache.events.formats import create_format
 
             wire = create_format("vllm", "")
         self._wire = wire
@@ -219,7 +219,7 @@ class ZmqEventPublisher:
     def from_config(cls, config: EventsConfig, storage_backend: str) -> ZmqEventPublisher:
         """The publisher ``config`` describes (its ``endpoint`` must be set);
         ``storage_backend`` names the storage tier's backend for the format."""
-        from hicache.event_formats import create_format
+        from hicache.events.formats import create_format
 
         wire = create_format(config.format, storage_backend)
         return cls(

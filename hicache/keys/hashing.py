@@ -12,8 +12,8 @@ import struct
 from array import array
 from collections.abc import Sequence
 
-from hicache.config import ModelConfig
-from hicache.radix_tree import TreeNode
+from hicache.config.cache import ModelConfig
+from hicache.tree.radix_tree import TreeNode
 
 LAYOUT_VERSION = 1
 KEY_BYTES = 32

@@ -1,5 +1,5 @@
 """Cache counters and latency histograms: a plain ``stats()`` snapshot, and
-Prometheus over HTTP when asked (``hicache.prometheus``)."""
+Prometheus over HTTP when asked (``hicache.observe.prometheus``)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
-from hicache.config import CacheConfig
-from hicache.events import (
+from hicache.config.cache import CacheConfig
+from hicache.events.kv import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -21,10 +21,10 @@ from hicache.events import (
     Medium,
     ZmqEventPublisher,
 )
-from hicache.hashing import NodeKeys
-from hicache.metrics import CacheMetrics, CacheStats, Latency
-from hicache.prometheus import Gauges, MetricsServer
-from hicache.radix_tree import TreeNode
+from hicache.keys.hashing import NodeKeys
+from hicache.observe.metrics import CacheMetrics, CacheStats, Latency
+from hicache.observe.prometheus import Gauges, MetricsServer
+from hicache.tree.radix_tree import TreeNode
 from transfer.storage_io import OpTiming
 
 STORAGE_OPS: Mapping[str, Latency] = MappingProxyType(

@@ -22,8 +22,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from hicache.events import PublisherStats
-from hicache.metrics import LATENCIES, PREFETCH_OUTCOMES, CacheStats, Histogram, Latency
+from hicache.events.kv import PublisherStats
+from hicache.observe.metrics import LATENCIES, PREFETCH_OUTCOMES, CacheStats, Histogram, Latency
 from storage_backends import StorageStats
 
 

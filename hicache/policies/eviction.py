@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from hicache.policy_registry import create_policy
+from hicache.policies.registry import create_policy
 
 if TYPE_CHECKING:
-    from hicache.radix_tree import TreeNode
+    from hicache.tree.radix_tree import TreeNode
 
 
 class EvictionPolicy(Protocol):

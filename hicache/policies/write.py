@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from hicache.policy_registry import create_policy
+from hicache.policies.registry import create_policy
 
 
 class WritePolicy(Protocol):

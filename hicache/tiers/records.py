@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import torch
 
-from hicache.events import BlockStored
-from hicache.radix_tree import Key, TreeNode
+from hicache.events.kv import BlockStored
+from hicache.tree.radix_tree import Key, TreeNode
 from transfer.storage_io import OpTiming
 
 

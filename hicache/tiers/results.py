@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from hicache.radix_tree import Key, TreeNode
+from hicache.tree.radix_tree import Key, TreeNode
 
 
 class MatchResult(NamedTuple):

@@ -20,10 +20,10 @@ from collections import OrderedDict
 
 import torch
 
-from hicache.errors import CacheError
-from hicache.events import BlockStored
-from hicache.radix_tree import Key
-from hicache.records import (
+from hicache.tree.errors import CacheError
+from hicache.events.kv import BlockStored
+from hicache.tree.radix_tree import Key
+from hicache.tiers.records import (
     LookupDone,
     PrefetchDone,
     PrefetchState,

@@ -1,5 +1,5 @@
 """What makes token ids refused, shared by the token-id converters
-(``hicache/token_ids.py`` and its compiled twin ``.pyx``) and the radix
+(``hicache/tree/token_ids.py`` and its compiled twin ``.pyx``) and the radix
 tree's array path: the sign check on int32 ids, and the message naming the
 first bad id in the same words everywhere."""
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hicache.errors import CacheError
-from hicache.radix_tree import Key, RadixTree, TreeNode
+from hicache.tree.errors import CacheError
+from hicache.tree.radix_tree import Key, RadixTree, TreeNode
 
 
 def check_namespace(namespace: object) -> None:

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from hicache.radix_tree import RadixTree, TreeNode
+from hicache.tree.radix_tree import RadixTree, TreeNode
 
 
 def check_tree(tree: RadixTree, page_size: int) -> None:

@@ -16,8 +16,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from hicache.bad_token import all_nonnegative
-from hicache.token_ids import pack_into
+from hicache.tree.bad_token import all_nonnegative
+from hicache.tree.token_ids import pack_into
 
 MAX_TOKEN_ID = 2**31 - 1
 Key = array  # array('i') of token ids

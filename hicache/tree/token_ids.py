@@ -5,7 +5,7 @@ Two implementations share this module name and behaviour (tested against
 each other): this file, on ``array``'s own conversion, and ``token_ids.pyx``,
 one typed C loop that converts and checks each id (~5× faster on a turn's few
 hundred ids). The compiled one runs when built and current
-(``hicache.native``).
+(``device_pool.native``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
-from hicache.bad_token import all_nonnegative, first_bad
+from hicache.tree.bad_token import all_nonnegative, first_bad
 
 
 def pack_into(out: array, ids: Sequence[int]) -> None:

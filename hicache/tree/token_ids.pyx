@@ -11,7 +11,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 
-from hicache.bad_token import first_bad
+from hicache.tree.bad_token import first_bad
 
 cdef long long MAX_ID = 2**31 - 1
 

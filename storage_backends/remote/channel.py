@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import zmq
 
-from hicache.daemon.protocol import (
+from storage_backends.remote.protocol import (
     MAX_ID,
     ErrorReply,
     Op,

@@ -20,7 +20,7 @@ from typing import NamedTuple, TypeVar
 
 import zmq
 
-from hicache.daemon.protocol import (
+from storage_backends.remote.protocol import (
     DeleteReply,
     ErrorCode,
     ErrorReply,
@@ -41,7 +41,7 @@ from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
 from storage_backends.page_format import HEADER_BYTES, Verdict, copy_verified
 from storage_backends.record_arena import RecordArena
-from storage_backends.remote_channel import Channel, CurveKeys
+from storage_backends.remote.channel import Channel, CurveKeys
 
 logger = logging.getLogger(__name__)
 

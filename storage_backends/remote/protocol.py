@@ -3,7 +3,7 @@
 A message is a list of frames: frame 0 is a msgpack map (the header), then raw
 payload frames. This module turns frames into typed records and back and
 checks every field and limit; it depends only on msgpack and the standard
-library so that ``storage_backends.remote`` may import it. It never touches
+library so that ``storage_backends.remote.client`` may import it. It never touches
 sockets: callers pass ``bytes``/``memoryview`` frames (``zmq.Frame.buffer``)
 without the ROUTER identity frame.
 

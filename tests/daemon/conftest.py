@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from hicache.bench.processes import DAEMON_BANNER, ServerProcess
-from hicache.daemon.protocol import (
+from storage_backends.remote.protocol import (
     Frame,
     Op,
     PingReply,

@@ -6,7 +6,7 @@ import time
 
 import zmq
 
-from hicache.daemon.protocol import Op, PingReply, Request, encode_request
+from storage_backends.remote.protocol import Op, PingReply, Request, encode_request
 from storage_backends import StorageConfig, create
 from storage_backends.page_format import HEADER_BYTES
 

@@ -7,13 +7,13 @@ import importlib
 from collections.abc import Callable
 from types import MappingProxyType
 
-from hicache.event_formats.base import END_SEQ, WireFormat, block_hash
+from hicache.events.formats.base import END_SEQ, WireFormat, block_hash
 
 # "module:class"; every format class is constructed as Cls(storage_backend).
 FORMATS: MappingProxyType[str, str] = MappingProxyType(
     {
-        "vllm": "hicache.event_formats.vllm:VllmFormat",
-        "sglang": "hicache.event_formats.sglang:SglangFormat",
+        "vllm": "hicache.events.formats.vllm:VllmFormat",
+        "sglang": "hicache.events.formats.sglang:SglangFormat",
     }
 )
 

@@ -1,6 +1,6 @@
 """What every KV event wire format provides, and the block hash they share.
 
-A *wire format* turns the cache's own events (``hicache.events``: page keys as
+A *wire format* turns the cache's own events (``hicache.events.kv``: page keys as
 32-byte sha256 digests, media named ``device``/``host``/``storage``) into the
 msgpack batch one peer project's routers decode with their own msgspec Structs,
 and frames the replies of the replay socket the way that project's publisher
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 import msgspec
 
 if TYPE_CHECKING:
-    from hicache.events import KVEvent
+    from hicache.events.kv import KVEvent
 
 # The replay end-of-stream marker both peers send: sequence -1 as 8 signed
 # big-endian bytes, with an empty payload.

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import msgspec
 
-from hicache.event_formats.base import StructFormat, block_hash, parent_hash
-from hicache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from hicache.events.formats.base import StructFormat, block_hash, parent_hash
+from hicache.events.kv import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 LOCAL_DISK_BACKENDS = ("lmdb", "file")
 
