@@ -16,12 +16,15 @@ on its ``__path__`` (``use_compiled``) only when
 
 Otherwise the pure-Python modules run, and the reason is logged (INFO when
 the build is simply absent or turned off, WARNING when stale). Stdlib only:
-``device_pool`` and ``hicache`` import it before anything else.
+``device_pool`` and ``hicache.tree`` import it before anything else; it lives in
+the lowest package so that none imports upward to reach it. A package is named
+here by its dotted path; its folder mirrors it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -38,15 +41,20 @@ MANIFEST = BUILD / "manifest.json"
 # package -> its hot primitives (a .py and a .pyx each), compiled when built
 HOT_MODULES: dict[str, tuple[str, ...]] = {
     "device_pool": ("page_table",),
-    "hicache": ("token_ids",),
+    "hicache.tree": ("token_ids",),
 }
+
+
+def folder(base: Path, package: str) -> Path:
+    """A (dotted) package's folder under ``base``: the tree or the build."""
+    return base.joinpath(*package.split("."))
 
 
 def source_path(package: str, module: str) -> Path:
     """What a hot module is compiled from: its ``.pyx`` twin when it has one
     (typed C loops beside the numpy ``.py``), else the ``.py`` itself."""
-    pyx = ROOT / package / f"{module}.pyx"
-    return pyx if pyx.exists() else ROOT / package / f"{module}.py"
+    pyx = folder(ROOT, package) / f"{module}.pyx"
+    return pyx if pyx.exists() else folder(ROOT, package) / f"{module}.py"
 
 
 def source_digest(package: str, module: str) -> str:
@@ -66,7 +74,7 @@ def why_pure(package: str) -> str | None:
     for module in HOT_MODULES[package]:
         if manifest.get(f"{package}.{module}") != source_digest(package, module):
             return f"the compiled build of {package}.{module} is stale: rebuild with make"
-        if not (BUILD / package / f"{module}{suffix}").exists():
+        if not (folder(BUILD, package) / f"{module}{suffix}").exists():
             return f"no compiled {package}.{module} for this Python"
     return None
 
@@ -76,7 +84,7 @@ def use_compiled(package: str, path: list[str]) -> None:
     (see the module docstring); call before the package imports a hot module."""
     why = why_pure(package)
     if why is None:
-        path.insert(0, str(BUILD / package))
+        path.insert(0, str(folder(BUILD, package)))
         return
     stale = "stale" in why
     logger.log(logging.WARNING if stale else logging.INFO, "%s runs pure Python: %s", package, why)
@@ -95,10 +103,11 @@ def compiled_modules() -> list[str]:
 
 def describe() -> str:
     """One line: which hot path this process runs (imports the hot modules)."""
-    import device_pool.page_table  # noqa: F401
-    import hicache.cache  # noqa: F401
-
+    for package, modules in HOT_MODULES.items():  # by name: no import of a package above
+        for module in modules:
+            importlib.import_module(f"{package}.{module}")
     compiled = compiled_modules()
     if not compiled:
-        return f"pure Python ({why_pure('hicache') or why_pure('device_pool')})"
+        why = next(filter(None, map(why_pure, HOT_MODULES)), None)
+        return f"pure Python ({why})"
     return "compiled (Cython): " + ", ".join(compiled)
