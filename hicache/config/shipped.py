@@ -20,9 +20,9 @@ RUN_BY = {CACHE: "engines and benchmarks", DAEMON: "hicache serve and bench daem
 
 
 def _folder() -> Path:
-    # Inside the package (a link to the top-level configs/ in a source tree); not
+    # Inside the hicache package (a link to the top-level configs/ in a source tree); not
     # importlib.resources, which costs a zipfile import at every start.
-    return Path(__file__).resolve().parent / "configs"
+    return Path(__file__).resolve().parent.parent / "configs"
 
 
 def sections(kind: str) -> tuple[str, ...]:
