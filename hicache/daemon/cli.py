@@ -171,7 +171,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from hicache.daemon.auth import keygen
+    from storage_backends.remote.keys import keygen
 
     directory: Path = args.directory
     existing = [

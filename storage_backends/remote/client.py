@@ -20,6 +20,15 @@ from typing import NamedTuple, TypeVar
 
 import zmq
 
+from storage_backends.base import StorageStats
+from storage_backends.batch import check_batch, check_keys
+from storage_backends.breaker import Admission, CircuitBreaker
+from storage_backends.config import StorageConfig
+from storage_backends.counters import StatCounters
+from storage_backends.errors import StorageClosedError, StorageOpenError
+from storage_backends.page_format import HEADER_BYTES, Verdict, copy_verified
+from storage_backends.record_arena import RecordArena
+from storage_backends.remote.channel import Channel, CurveKeys
 from storage_backends.remote.protocol import (
     DeleteReply,
     ErrorCode,
@@ -33,15 +42,6 @@ from storage_backends.remote.protocol import (
     Request,
     StatsReply,
 )
-from storage_backends.base import StorageStats
-from storage_backends.batch import check_batch, check_keys
-from storage_backends.breaker import Admission, CircuitBreaker
-from storage_backends.config import StorageConfig
-from storage_backends.counters import StatCounters
-from storage_backends.errors import StorageClosedError, StorageOpenError
-from storage_backends.page_format import HEADER_BYTES, Verdict, copy_verified
-from storage_backends.record_arena import RecordArena
-from storage_backends.remote.channel import Channel, CurveKeys
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def load_curve_keys(config: StorageConfig) -> CurveKeys | None:
     """The CURVE keys named by ``config`` (None: CURVE off); StorageOpenError if unreadable."""
     if not config.curve_client_key:
         return None
-    from hicache.daemon.auth import load_key_pair, load_public_key
+    from storage_backends.remote.keys import load_key_pair, load_public_key
 
     try:
         pair = load_key_pair(config.curve_client_key)

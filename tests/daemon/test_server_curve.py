@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import zmq.auth
 
-from hicache.daemon.auth import keygen
 from hicache.daemon.cli import main as daemon_main
-from storage_backends.remote.protocol import DeleteReply, ExistsReply, Op, PingReply
 from storage_backends import StorageConfig, create
+from storage_backends.remote.keys import keygen
+from storage_backends.remote.protocol import DeleteReply, ExistsReply, Op, PingReply
 
 from .conftest import daemon_toml, page_record
 
