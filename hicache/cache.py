@@ -23,27 +23,17 @@ import torch
 
 from device_pool import DeviceKVPool
 from hicache.config.cache import CacheConfig
-from hicache.tree.door import (
-    check_count,
-    check_namespace,
-    check_on_path,
-    check_request_id,
-    check_tail_page,
-)
-from hicache.tree.errors import CacheError
 from hicache.events.kv import EventSink
-from hicache.policies.eviction import create_eviction_policy
 from hicache.factory import build_device_pool, build_host_pool, build_transfer
 from hicache.keys.hashing import NodeKeys, model_fingerprint, page_keys
-from hicache.tiers.host import HostTier
-from hicache.tree.integrity import check_tree
 from hicache.lifecycle import Lifecycle
 from hicache.observe.metrics import CacheMetrics, CacheStats
 from hicache.observe.observer import Observer
-from hicache.tree.paging import align_down, align_up, empty_slots
-from hicache.policies.prefetch import create_prefetch_policy
 from hicache.observe.prometheus import Gauges
-from hicache.tree.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
+from hicache.policies.eviction import create_eviction_policy
+from hicache.policies.prefetch import create_prefetch_policy
+from hicache.policies.write import create_write_policy
+from hicache.tiers.host import HostTier
 from hicache.tiers.records import (
     BackupDone,
     Dropped,
@@ -68,7 +58,17 @@ from hicache.tiers.results import (
     UnfinishedResult,
 )
 from hicache.tiers.storage import StorageTier
-from hicache.policies.write import create_write_policy
+from hicache.tree.door import (
+    check_count,
+    check_namespace,
+    check_on_path,
+    check_request_id,
+    check_tail_page,
+)
+from hicache.tree.errors import CacheError
+from hicache.tree.integrity import check_tree
+from hicache.tree.paging import align_down, align_up, empty_slots
+from hicache.tree.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
 from host_pool import HostKVPool
 from storage_backends import StorageBackend
 from storage_backends.guard import GuardedBackend, open_guarded

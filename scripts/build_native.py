@@ -20,7 +20,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from device_pool.native import BUILD, HOT_MODULES, MANIFEST, ROOT, folder, source_digest, source_path
+from device_pool.native import (
+    BUILD,
+    HOT_MODULES,
+    MANIFEST,
+    ROOT,
+    folder,
+    source_digest,
+    source_path,
+)
 
 # Each .pyx sets its own C-level directives; these only keep Python semantics
 # where it does not (annotations are not turned into C type checks).

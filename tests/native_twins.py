@@ -23,7 +23,8 @@ def _load(name: str, path: str) -> ModuleType:
 
 def twins(package: str, module: str) -> tuple[ModuleType, ModuleType]:
     """(pure, compiled) ``package.module``; skips when no current build exists."""
-    built = native.folder(native.BUILD, package) / f"{module}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    built = native.folder(native.BUILD, package) / f"{module}{suffix}"
     why = native.why_pure(package)
     if not built.exists() or (why is not None and "stale" in why):
         pytest.skip(f"no current compiled {package}.{module} ({why}); `make` builds it")

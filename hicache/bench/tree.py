@@ -23,8 +23,8 @@ import torch
 from device_pool import native
 from hicache.bench.workloads import MultiTurnSpec, TraceRequest, multiturn
 from hicache.cache import HiRadixCache
-from hicache.config.flags import at_least
 from hicache.config.cache import CacheConfig, HostConfig, ModelConfig
+from hicache.config.flags import at_least
 from hicache.tree.radix_tree import Key, Tokens, extend_key
 from storage_backends import StorageConfig
 

@@ -52,8 +52,8 @@ PACKAGES = ("hicache", "storage_backends", "transfer", "device_pool", "host_pool
 def overview() -> str:
     """The top-level description: every command, down to each benchmark, with its help."""
     from hicache.bench import summaries
-    from hicache.daemon import cli as daemon_cli
     from hicache.cli.store import run_inspect, run_verify
+    from hicache.daemon import cli as daemon_cli
 
     leaves = [(f"bench {name}", first_line(doc)) for name, doc in summaries().items()]
     leaves += [

@@ -21,10 +21,10 @@ from collections.abc import Iterable
 
 import torch
 
-from hicache.tree.errors import CacheError
 from hicache.policies.eviction import EvictionPolicy
-from hicache.tree.radix_tree import RadixTree, TreeNode
 from hicache.tiers.records import BackupDone, Dropped, LoadDone, LoadFailed
+from hicache.tree.errors import CacheError
+from hicache.tree.radix_tree import RadixTree, TreeNode
 from host_pool import HostKVPool
 from transfer import Completion, TransferEngine, TransferError, TransferOp
 

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from device_pool import PagedAllocator
-from hicache.tree.errors import CacheError
 from hicache.policies.eviction import EvictionPolicy
-from hicache.tree.paging import empty_slots
-from hicache.tree.radix_tree import Key, RadixTree, TreeNode
 from hicache.tiers.records import Dropped
 from hicache.tiers.results import InsertResult
+from hicache.tree.errors import CacheError
+from hicache.tree.paging import empty_slots
+from hicache.tree.radix_tree import Key, RadixTree, TreeNode
 
 
 class PathMatch(NamedTuple):

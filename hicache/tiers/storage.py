@@ -20,9 +20,7 @@ from collections import OrderedDict
 
 import torch
 
-from hicache.tree.errors import CacheError
 from hicache.events.kv import BlockStored
-from hicache.tree.radix_tree import Key
 from hicache.tiers.records import (
     LookupDone,
     PrefetchDone,
@@ -31,6 +29,8 @@ from hicache.tiers.records import (
     StorageRemoved,
     WaitTimedOut,
 )
+from hicache.tree.errors import CacheError
+from hicache.tree.radix_tree import Key
 from transfer.storage_io import StorageCompletion, StorageIO, StorageJob
 
 logger = logging.getLogger("hicache.cache")

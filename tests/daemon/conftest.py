@@ -15,6 +15,7 @@ import pytest
 import zmq
 
 from hicache.bench.processes import DAEMON_BANNER, ServerProcess
+from storage_backends.page_format import encode_page
 from storage_backends.remote.protocol import (
     Frame,
     Op,
@@ -25,7 +26,6 @@ from storage_backends.remote.protocol import (
     decode_reply,
     encode_request,
 )
-from storage_backends.page_format import encode_page
 
 _START_TIMEOUT_S = 30.0
 REPLY_TIMEOUT_S = 10.0

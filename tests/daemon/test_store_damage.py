@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from storage_backends.remote.protocol import Op
 from storage_backends.lmdb_pages import walk_pages
+from storage_backends.remote.protocol import Op
 
 REPO = Path(__file__).resolve().parents[2]
 

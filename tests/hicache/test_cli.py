@@ -263,7 +263,7 @@ def _modules_after(code: str) -> set[str]:
 
 
 def test_help_version_and_serve_import_no_torch() -> None:
-    help_ = "from hicache.cli.app import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
+    help_ = "from hicache.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
     version = help_.replace("'--help'", "'--version'")
     # What ``hicache serve`` imports before it starts the daemon: its parser, its config.
     serve = (
