@@ -25,11 +25,26 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 import zmq
 
 if TYPE_CHECKING:
-    from hicache.config.cache import EventsConfig
     from hicache.events.formats import WireFormat
 
 Medium = Literal["device", "host", "storage"]
 logger = logging.getLogger("hicache.events.kv")
+
+
+class PublisherSettings(Protocol):
+    """What a publisher is built from: ``hicache.config.cache.EventsConfig`` is one. A
+    Protocol, so that events (below config in the layers) need not import config."""
+
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def format(self) -> str: ...
+    @property
+    def replay_endpoint(self) -> str: ...
+    @property
+    def replay_buffer(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -216,7 +231,7 @@ class ZmqEventPublisher:
         self._buffer: list[KVEvent] = []
 
     @classmethod
-    def from_config(cls, config: EventsConfig, storage_backend: str) -> ZmqEventPublisher:
+    def from_config(cls, config: PublisherSettings, storage_backend: str) -> ZmqEventPublisher:
         """The publisher ``config`` describes (its ``endpoint`` must be set);
         ``storage_backend`` names the storage tier's backend for the format."""
         from hicache.events.formats import create_format
