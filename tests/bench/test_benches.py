@@ -19,7 +19,7 @@ from hicache.bench.workloads import (
     longdoc,
     multiturn,
 )
-from hicache.cli.app import main
+from hicache.cli import main
 
 SMALL = """
 [model]
@@ -164,7 +164,7 @@ def test_tree_bench_against_sglang(tmp_path: Path) -> None:
     argv += ["--conversations", "6", "--turns", "3", "--repeat", "2", "--json", str(out)]
     # Its own process, as from the command line: stand-ins that other tests
     # leave in sys.modules (vLLM's grammar engines) would reach SGLang's imports.
-    code = f"from hicache.cli.app import main; raise SystemExit(main({argv!r}))"
+    code = f"from hicache.cli import main; raise SystemExit(main({argv!r}))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(out.read_text())

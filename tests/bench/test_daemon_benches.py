@@ -14,7 +14,7 @@ import pytest
 
 from hicache.bench.sharing import split
 from hicache.bench.tiering import build_trace
-from hicache.cli.app import main
+from hicache.cli import main
 
 SMALL = """
 [model]

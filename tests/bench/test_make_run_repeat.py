@@ -19,7 +19,7 @@ RUNS = 20
 @pytest.mark.timeout(3600)
 def test_make_run_command_succeeds_twenty_times(tmp_path: Path) -> None:
     shutil.copytree(REPO / "configs", tmp_path / "configs")
-    command = [sys.executable, "-m", "hicache.cli.app", "bench", "tiering"]
+    command = [sys.executable, "-m", "hicache.cli", "bench", "tiering"]
     command += ["--config", "configs/default.toml", "--out", "bench-out"]
     failures = []
     for run in range(RUNS):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from redis.cluster import RedisCluster
 
-from hicache.cli.app import main
+from hicache.cli import main
 from storage_backends.mooncake_local import MooncakeUnavailableError, mooncake_binaries
 from storage_backends.redis_backend import parse_endpoint
 from storage_backends.redis_cluster import ClusterOptions, LocalRedisCluster, redis_server_binary

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hicache.bench.processes import DAEMON_BANNER, ServerProcess, wait_ping
-from hicache.cli.app import main as hicache_main
+from hicache.cli import main as hicache_main
 from hicache.config.daemon import DaemonConfig
 from hicache.daemon.cli import main as daemon_main
 
@@ -140,7 +140,7 @@ def test_serve_reports_a_busy_endpoint_and_exits_2(start_daemon, tmp_path: Path,
 def test_serve_and_stats_take_set_and_the_banner_says_metrics_off(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = [sys.executable, "-m", "hicache.cli.app", "serve", "-v"]
+    argv = [sys.executable, "-m", "hicache.cli", "serve", "-v"]
     for key in ("server.endpoint=tcp://127.0.0.1:0", "metrics.port=-1", "store.sync=false"):
         argv += ["--set", key]
     argv += ["--set", f"store.path={tmp_path / 'store'}"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from hicache.cli.app import main
+from hicache.cli import main
 from hicache.config.cache import CacheConfig
 from hicache.keys.hashing import model_fingerprint
 from storage_backends import StorageConfig, create

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.cli.app import main
+from hicache.cli import main
 
 
 def test_bench_vllm_reports_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
