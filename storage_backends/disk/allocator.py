@@ -38,7 +38,10 @@ class FreeDbs(NamedTuple):
 
 
 class Allocator:
-    """Slots of one write transaction (``segment_bytes`` per segment, ``max_bytes`` in all)."""
+    """Slots of one write transaction (``segment_bytes`` per segment, ``max_bytes`` in all).
+
+    Segment tails are read once per transaction and written back by ``finish``.
+    """
 
     def __init__(
         self, txn: lmdb.Transaction, dbs: FreeDbs, segment_bytes: int, max_bytes: int
@@ -48,63 +51,74 @@ class Allocator:
         self._segment_bytes = segment_bytes
         self._max_bytes = max_bytes
         self.allocated = from_u64(txn.get(_ALLOCATED, db=dbs.meta))
+        self._tails: dict[int, int] | None = None
+        self._changed: set[int] = set()
 
-    def take(self, cls: SlotClass) -> Slot | None:
-        """A slot of ``cls``, or None when taking one would allocate more than ``max_bytes``
-        plus that slot."""
-        return self._pop_free(cls) or self._bump(cls)
+    def take(self, cls: SlotClass, count: int) -> list[Slot]:
+        """Up to ``count`` slots of ``cls``: free ones first, then runs bumped from segment
+        tails, stopping where more would allocate beyond ``max_bytes`` plus one slot."""
+        slots = self._pop_free(cls, count)
+        if len(slots) < count and cls.stride <= self._segment_bytes:
+            slots += self._bump(cls, count - len(slots))
+        return slots
 
-    def _pop_free(self, cls: SlotClass) -> Slot | None:
+    def _pop_free(self, cls: SlotClass, count: int) -> list[Slot]:
         prefix = cls.pack()
         cursor = self._txn.cursor(db=self._dbs.by_class)
-        if not cursor.set_range(prefix) or not bytes(cursor.key()).startswith(prefix):
-            return None
-        slot = Slot.unpack(bytes(cursor.key())[CLASS_BYTES:])
-        cursor.delete()
-        self._txn.delete(slot.pack(), db=self._dbs.free)
-        return slot
+        slots: list[Slot] = []
+        if not cursor.set_range(prefix):
+            return slots
+        while len(slots) < count and bytes(cursor.key()).startswith(prefix):
+            slot = Slot.unpack(bytes(cursor.key())[CLASS_BYTES:])
+            self._txn.delete(slot.pack(), db=self._dbs.free)
+            slots.append(slot)
+            if not cursor.delete():  # moves to the next entry; False at the end
+                break
+        return slots
+
+    def _tail_map(self) -> dict[int, int]:
+        if self._tails is None:
+            self._tails = {}
+            cursor = self._txn.cursor(db=self._dbs.meta)
+            if cursor.set_range(TAIL_PREFIX):
+                for key, value in cursor:
+                    if not bytes(key).startswith(TAIL_PREFIX):
+                        break
+                    self._tails[int.from_bytes(bytes(key)[len(TAIL_PREFIX) :], "big")] = from_u64(
+                        value
+                    )
+        return self._tails
 
     def _tail(self, segment: int) -> int:
-        return from_u64(self._txn.get(TAIL_PREFIX + segment.to_bytes(4, "big"), db=self._dbs.meta))
+        return self._tail_map().get(segment, 0)
 
     def _set_tail(self, segment: int, tail: int) -> None:
-        key = TAIL_PREFIX + segment.to_bytes(4, "big")
-        if tail:
-            self._txn.put(key, u64(tail), db=self._dbs.meta)
-        else:
-            self._txn.delete(key, db=self._dbs.meta)
+        self._tail_map()[segment] = tail
+        self._changed.add(segment)
 
-    def _segments(self) -> list[int]:
-        cursor = self._txn.cursor(db=self._dbs.meta)
-        found: list[int] = []
-        if cursor.set_range(TAIL_PREFIX):
-            for key in cursor.iternext(values=False):
-                if not bytes(key).startswith(TAIL_PREFIX):
-                    break
-                found.append(int.from_bytes(bytes(key)[len(TAIL_PREFIX) :], "big"))
-        return found
-
-    def _bump(self, cls: SlotClass) -> Slot | None:
-        """A new slot at the first segment tail with room for it."""
-        if cls.stride > self._segment_bytes:
-            return None
-        segments = self._segments()
-        taken = set(segments)
-        unused = next(n for n in itertools.count() if n not in taken)
-        for segment in [*segments, unused]:
+    def _bump(self, cls: SlotClass, count: int) -> list[Slot]:
+        """Runs of new slots at segment tails with room, in segment order."""
+        tails = self._tail_map()
+        unused = next(n for n in itertools.count() if tails.get(n, 0) == 0)
+        slots: list[Slot] = []
+        for segment in sorted({*(n for n, t in tails.items() if t), unused}):
             tail = self._tail(segment)
             start = round_up(tail, cls.align)
-            if start + cls.stride > self._segment_bytes:
+            room = self._max_bytes + cls.stride - self.allocated - (start - tail)
+            fit = min(count - len(slots), (self._segment_bytes - start) // cls.stride)
+            fit = min(fit, room // cls.stride)
+            if fit <= 0:
+                if room < cls.stride:
+                    break  # the store is allocated up to max_bytes
                 continue
-            grown = start + cls.stride - tail
-            if self.allocated + grown > self._max_bytes + cls.stride:
-                return None
             if start > tail:  # the alignment gap is free space of its own (trimmed later)
                 self._add_free(Slot(segment, tail), SlotClass(start - tail, _FILLER_ALIGN))
-            self._set_tail(segment, start + cls.stride)
-            self.allocated += grown
-            return Slot(segment, start)
-        return None
+            slots += [Slot(segment, start + n * cls.stride) for n in range(fit)]
+            self._set_tail(segment, start + fit * cls.stride)
+            self.allocated += start + fit * cls.stride - tail
+            if len(slots) == count:
+                break
+        return slots
 
     def _add_free(self, slot: Slot, cls: SlotClass) -> None:
         self._txn.put(slot.pack(), cls.pack(), db=self._dbs.free)
@@ -112,8 +126,8 @@ class Allocator:
 
     def release(self, slot: Slot, cls: SlotClass) -> None:
         """Give a slot back; if it ends at its segment's tail, lower the tail."""
-        tail = self._tail(slot.segment)
-        if slot.offset + cls.stride != tail:
+        old_tail = self._tail(slot.segment)
+        if slot.offset + cls.stride != old_tail:
             self._add_free(slot, cls)
             return
         tail = slot.offset
@@ -130,8 +144,15 @@ class Allocator:
             cursor.delete()
             self._txn.delete(before_cls.pack() + before.pack(), db=self._dbs.by_class)
             tail = before.offset
-        self.allocated -= self._tail(slot.segment) - tail
+        self.allocated -= old_tail - tail
         self._set_tail(slot.segment, tail)
 
     def finish(self) -> None:
         self._txn.put(_ALLOCATED, u64(self.allocated), db=self._dbs.meta)
+        for segment in self._changed:
+            key = TAIL_PREFIX + segment.to_bytes(4, "big")
+            tail = self._tail(segment)
+            if tail:
+                self._txn.put(key, u64(tail), db=self._dbs.meta)
+            else:
+                self._txn.delete(key, db=self._dbs.meta)

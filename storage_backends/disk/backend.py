@@ -14,6 +14,7 @@ miss, and the key is dropped once a second read confirms the damage.
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import os
 import threading
@@ -28,12 +29,12 @@ from storage_backends.base import StorageStats
 from storage_backends.batch import byte_view, check_batch, check_keys
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
-from storage_backends.disk.index import DiskIndex, IndexWriter
+from storage_backends.disk.index import DiskIndex, IndexWriter, Owner, Reserved
 from storage_backends.disk.io_pool import IoPool
 from storage_backends.disk.layout import INDEX_DIR, Location, Slot, SlotClass, slot_class
 from storage_backends.disk.owners import Ownership
 from storage_backends.disk.records import check_read
-from storage_backends.disk.segments import SegmentFiles
+from storage_backends.disk.segments import SegmentFiles, check_direct_io
 from storage_backends.errors import StorageClosedError, StoreDamagedError
 from storage_backends.lmdb_check import check_store
 from storage_backends.log_limit import LogLimiter
@@ -76,6 +77,7 @@ class _Plan(NamedTuple):
     results: list[bool]
     writes: list[_Planned]
     evictions: int
+    owner: Owner
 
 
 class _Read(NamedTuple):
@@ -96,7 +98,10 @@ class DiskBackend:
         self._config = config
         self._counters = StatCounters()
         self._log = LogLimiter(logger)
-        self._root, self._owners, self._index = self._open(prepare_store_dir(config))
+        root = prepare_store_dir(config)
+        if config.direct_io:
+            check_direct_io(root)  # before anything is opened that would need closing
+        self._root, self._owners, self._index = self._open(root)
         file_bytes = min(self._index.segment_bytes, config.max_bytes)
         self._segments = SegmentFiles(self._root, file_bytes, config.direct_io)
         self._pool = IoPool(config.io_threads)
@@ -105,6 +110,7 @@ class DiskBackend:
         self._touched: OrderedDict[bytes, None] = OrderedDict()
         self._closed = False
         self._pid = os.getpid()
+        self._batches = itertools.count()
         self.fault_hook: Callable[[PutPhase], None] | None = None
 
     # -- opening -------------------------------------------------------------------------
@@ -202,7 +208,7 @@ class DiskBackend:
     def _read_one(self, key: bytes, loc: Location, runs: Sequence[memoryview]) -> Verdict:
         header = bytearray(HEADER_BYTES)
         try:
-            got = self._segments.read(loc.slot, header, runs)
+            got = self._segments.read(loc.segment, loc.offset, header, runs)
         except OSError as exc:
             self._log.failure("disk store read failed; reported as a damaged page", exc)
             return Verdict.TRUNCATED
@@ -281,50 +287,72 @@ class DiskBackend:
             self.fault_hook(phase)
 
     def _reserve(self, keys: Sequence[bytes], views: list[memoryview]) -> _Plan:
-        """Transaction 1: queued touches, then a reserved slot for each new page."""
+        """Transaction 1: queued touches, then reserved slots for the new pages."""
         results = [False] * len(keys)
-        writes: list[_Planned] = []
-        given_up: list[_Planned] = []  # this batch's pages evicted by its later pages
+        owner = Owner(self._pid, next(self._batches))
         try:
             with self._index.writing() as writer:
                 for key in self._take_touched():
                     writer.touch(key)
-                seen: set[bytes] = set()
-                for i, (key, view) in enumerate(zip(keys, views, strict=True)):
-                    if key in seen or writer.has(key):
-                        writer.touch(key)
-                        results[i] = True  # a duplicate in the batch: the first one decides
-                        continue
-                    seen.add(key)
-                    planned = self._reserve_one(writer, _Page(i, key, view), writes, given_up)
-                    if planned is not None:
-                        writes.append(planned)
+                new = self._new_pages(writer, keys, views, results)
+                kept, given_up = self._fitting(new)
+                writes = self._reserve_slots(writer, kept)
+                writer.pend(owner, [Reserved(w.slot, w.cls) for w in writes])
         except lmdb.Error as exc:
             self._log.failure("disk store index is full or failing; puts refused", exc)
-            return _Plan([False] * len(keys), [], 0)
-        self._counters.note_removed(writer.removed + [gone.key for gone in given_up])
-        for gone in given_up:
-            results[gone.pos] = True
-        return _Plan(results, writes, writer.evictions + len(given_up))
+            return _Plan([False] * len(keys), [], 0, owner)
+        self._counters.note_removed(writer.removed + [page.key for page in given_up])
+        for page in given_up:
+            results[page.pos] = True
+        return _Plan(results, writes, writer.evictions + len(given_up), owner)
 
-    def _reserve_one(
-        self, writer: IndexWriter, page: _Page, writes: list[_Planned], given_up: list[_Planned]
-    ) -> _Planned | None:
-        """Reserve a slot; when only this batch's own pages are left to evict, its oldest
-        page is given up (stored and evicted at once, as a store with room for fewer
-        pages than the batch would do)."""
-        length = len(page.view)
-        cls = slot_class(length, self._config.direct_io)
-        record = HEADER_BYTES + length
-        if length > self._config.max_page_bytes or record > self._config.max_bytes:
-            return None
-        while (slot := writer.reserve(cls, record, self._pid)) is None:
-            if not writes:
-                return None
-            oldest = writes.pop(0)
-            writer.unreserve(oldest.slot, oldest.cls, HEADER_BYTES + len(oldest.view))
-            given_up.append(oldest)
-        return _Planned(page.pos, page.key, page.view, slot, cls)
+    def _new_pages(
+        self,
+        writer: IndexWriter,
+        keys: Sequence[bytes],
+        views: list[memoryview],
+        results: list[bool],
+    ) -> list[_Page]:
+        """The batch's pages not stored yet (present ones are touched and reported stored)."""
+        seen: set[bytes] = set()
+        new: list[_Page] = []
+        for i, (key, view) in enumerate(zip(keys, views, strict=True)):
+            if key in seen or writer.has(key):
+                writer.touch(key)
+                results[i] = True  # a duplicate in the batch: the first one decides
+                continue
+            seen.add(key)
+            record = HEADER_BYTES + len(view)
+            if len(view) <= self._config.max_page_bytes and record <= self._config.max_bytes:
+                new.append(_Page(i, key, view))
+        return new
+
+    def _fitting(self, pages: list[_Page]) -> tuple[list[_Page], list[_Page]]:
+        """(the last pages whose records fit ``max_bytes`` together, the earlier ones): a
+        batch larger than the store keeps its newest pages, as if the older ones had been
+        stored and evicted."""
+        total = 0
+        for n in range(len(pages) - 1, -1, -1):
+            total += HEADER_BYTES + len(pages[n].view)
+            if total > self._config.max_bytes:
+                return pages[n + 1 :], pages[: n + 1]
+        return pages, []
+
+    def _reserve_slots(self, writer: IndexWriter, pages: list[_Page]) -> list[_Planned]:
+        """Slots for ``pages``, one run per size class; pages left without one fail."""
+        by_class: dict[SlotClass, list[_Page]] = {}
+        for page in pages:
+            cls = slot_class(len(page.view), self._config.direct_io)
+            by_class.setdefault(cls, []).append(page)
+        writes: list[_Planned] = []
+        for cls, group in by_class.items():
+            records = sum(HEADER_BYTES + len(page.view) for page in group)
+            slots = writer.reserve(cls, len(group), records)
+            writes += [
+                _Planned(p.pos, p.key, p.view, s, cls)
+                for p, s in zip(group[: len(slots)], slots, strict=True)
+            ]
+        return writes
 
     def _write(self, writes: list[_Planned]) -> list[bool]:
         """The records, on the I/O pool (data fsynced first at ``sync = "full"``)."""
@@ -371,15 +399,13 @@ class DiskBackend:
         try:
             with self._index.writing() as writer:
                 self._fault(PutPhase.IN_COMMIT)
+                writer.settle(plan.owner)
                 for w, ok in zip(plan.writes, written, strict=True):
-                    writer.settle(w.slot)
-                    present = writer.has(w.key)  # stored by another process meanwhile
-                    if ok and not present:
-                        writer.insert(w.key, w.slot, w.cls, len(w.view))
-                        stored += 1
-                    else:
+                    inserted = ok and writer.insert_new(w.key, w.slot, w.cls, len(w.view))
+                    if not inserted:  # a failed write, or stored by another process meanwhile
                         writer.alloc.release(w.slot, w.cls)
-                    plan.results[w.pos] = ok or present
+                    stored += inserted
+                    plan.results[w.pos] = ok
         except lmdb.Error as exc:
             self._log.failure("disk store index commit failed; the batch is not stored", exc)
             for w in plan.writes:

@@ -5,8 +5,8 @@ Sub-databases (small values only): ``pages`` (key -> ``Location``), ``lru``
 used), ``meta`` (format version, fingerprint, bytes used: header + payload of every
 page, as the other backends count; segment tails),
 ``free``/``free_class`` (the allocator's free slots) and ``pending`` (slots
-reserved by a put whose data is being written: slot -> class + owner pid; a
-crash leaves them there, and they are reclaimed once their owner is gone).
+reserved by a put whose data is being written: owner (pid, batch) -> its slots; a
+crash leaves them there, and they are reclaimed once their process is gone).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import lmdb
 
 from storage_backends.config import StorageConfig
 from storage_backends.disk.allocator import Allocator, FreeDbs, from_u64, u64
-from storage_backends.disk.layout import Location, Slot, SlotClass
+from storage_backends.disk.layout import CLASS_BYTES, SLOT_BYTES, Location, Slot, SlotClass
 from storage_backends.errors import StorageOpenError, StoreDamagedError
 from storage_backends.store_dir import StoreMeta, reconcile_meta
 
@@ -32,7 +32,7 @@ META_BYTES_USED = b"bytes_used"
 META_SEGMENT_BYTES = b"segment_bytes"
 DB_NAMES = (b"pages", b"lru", b"meta", b"free", b"free_class", b"pending")
 _MIN_MAP = 64 << 20
-_OWNER = struct.Struct("<I")
+_OWNER = struct.Struct(">IQ")
 # LMDB errors that mean the index's structure (not one call) is broken.
 DAMAGE_ERRORS = (
     lmdb.CorruptedError,
@@ -74,6 +74,31 @@ class Lookup(NamedTuple):
 class Reserved(NamedTuple):
     slot: Slot
     cls: SlotClass
+
+
+_RESERVED_BYTES = SLOT_BYTES + CLASS_BYTES
+
+
+def _unpack_reserved(raw: bytes) -> list[Reserved]:
+    return [
+        Reserved(Slot.unpack(raw[at:]), SlotClass.unpack(raw[at + SLOT_BYTES :]))
+        for at in range(0, len(raw) - _RESERVED_BYTES + 1, _RESERVED_BYTES)
+    ]
+
+
+class Owner(NamedTuple):
+    """Who reserved a batch's slots: a process and its batch number."""
+
+    pid: int
+    batch: int
+
+    def pack(self) -> bytes:
+        return _OWNER.pack(self.pid, self.batch)
+
+    @staticmethod
+    def unpack(raw: bytes) -> Owner:
+        pid, batch = _OWNER.unpack_from(raw)
+        return Owner(pid, batch)
 
 
 class IndexWriter:
@@ -119,11 +144,6 @@ class IndexWriter:
         self._txn.put(key, loc.pack(), db=self._dbs.pages)
         self._txn.put(u64(loc.stamp), key, db=self._dbs.lru)
 
-    def insert(self, key: bytes, slot: Slot, cls: SlotClass, payload_len: int) -> None:
-        loc = Location(slot, cls, payload_len, self._stamp())
-        self._link(key, loc)
-        self.bytes_used += loc.record_len
-
     def remove(self, key: bytes) -> bool:
         """Delete a page and free its slot; False if it was not stored."""
         raw = self._txn.get(key, db=self._dbs.pages)
@@ -149,46 +169,50 @@ class IndexWriter:
             cursor.delete()  # a stamp without a page: drop it so the loop advances
         return False
 
-    def reserve(self, cls: SlotClass, record_len: int, owner: int) -> Slot | None:
-        """A slot for a record about to be written, evicting LRU pages until both the
-        records (``bytes_used``) and the slots fit ``max_bytes``; None when no stored
-        page is left to evict (the caller may give up a reservation of its own)."""
-        while True:
-            if self.bytes_used + self.reserved + record_len <= self._max_bytes:
-                slot = self.alloc.take(cls)
-                if slot is not None:
-                    self._txn.put(
-                        slot.pack(), cls.pack() + _OWNER.pack(owner), db=self._dbs.pending
-                    )
-                    self.reserved += record_len
-                    return slot
+    def reserve(self, cls: SlotClass, count: int, record_bytes: int) -> list[Slot]:
+        """Up to ``count`` slots of ``cls`` for records of ``record_bytes`` in all, evicting
+        least recently used pages until the records and the slots fit ``max_bytes``."""
+        while self.bytes_used + self.reserved + record_bytes > self._max_bytes:
             if not self.evict_one():
-                return None
+                break
+        slots = self.alloc.take(cls, count)
+        while len(slots) < count and self.evict_one():
+            slots += self.alloc.take(cls, count - len(slots))
+        self.reserved += record_bytes * len(slots) // count
+        return slots
 
-    def unreserve(self, slot: Slot, cls: SlotClass, record_len: int) -> None:
-        """Give up a reservation made in this transaction."""
-        self.settle(slot)
-        self.alloc.release(slot, cls)
-        self.reserved -= record_len
+    def pend(self, owner: Owner, reserved: Sequence[Reserved]) -> None:
+        """Record a batch's reserved slots until ``settle`` (a crash leaves them here)."""
+        if reserved:
+            packed = b"".join(r.slot.pack() + r.cls.pack() for r in reserved)
+            self._txn.put(owner.pack(), packed, db=self._dbs.pending)
 
-    def settle(self, slot: Slot) -> None:
-        """A reserved slot now holds a page (or was released): no longer pending."""
-        self._txn.delete(slot.pack(), db=self._dbs.pending)
+    def settle(self, owner: Owner) -> None:
+        """The batch's slots now hold pages or were released: no longer pending."""
+        self._txn.delete(owner.pack(), db=self._dbs.pending)
+
+    def insert_new(self, key: bytes, slot: Slot, cls: SlotClass, payload_len: int) -> bool:
+        """Index a written page; False (nothing changed) if ``key`` is stored already."""
+        loc = Location.of(slot, cls, payload_len, self._next_stamp)
+        if not self._txn.put(key, loc.pack(), db=self._dbs.pages, overwrite=False):
+            return False
+        self._txn.put(u64(self._stamp()), key, db=self._dbs.lru)
+        self.bytes_used += loc.record_len
+        return True
 
     def reclaim_pending(self, alive: bool | None) -> int:
         """Free reservations of owners that are gone (``alive`` None: ask the OS per owner;
-        False: every owner is gone). Return how many were reclaimed."""
-        cursor = self._txn.cursor(db=self._dbs.pending)
-        stale: list[Reserved] = []
-        for raw_slot, value in cursor:
-            owner = _OWNER.unpack_from(value, len(value) - _OWNER.size)[0]
-            if alive is False or not _pid_alive(owner):
-                cls = SlotClass.unpack(bytes(value))
-                stale.append(Reserved(Slot.unpack(bytes(raw_slot)), cls))
-        for reserved in stale:
-            self.settle(reserved.slot)
-            self.alloc.release(reserved.slot, reserved.cls)
-        return len(stale)
+        False: every owner is gone). Return how many slots were reclaimed."""
+        stale: list[tuple[bytes, list[Reserved]]] = []
+        for raw_owner, value in self._txn.cursor(db=self._dbs.pending):
+            owner = Owner.unpack(bytes(raw_owner))
+            if alive is False or not _pid_alive(owner.pid):
+                stale.append((bytes(raw_owner), _unpack_reserved(bytes(value))))
+        for raw_owner, reserved in stale:
+            self._txn.delete(raw_owner, db=self._dbs.pending)
+            for r in reserved:
+                self.alloc.release(r.slot, r.cls)
+        return sum(len(reserved) for _, reserved in stale)
 
     def finish(self) -> None:
         self._txn.put(META_BYTES_USED, u64(self.bytes_used), db=self._dbs.meta)

@@ -79,24 +79,37 @@ SLOT_BYTES = _SLOT.size
 
 
 class Location(NamedTuple):
-    """What the index stores per page: its slot, class, payload length and recency stamp."""
+    """What the index stores per page: its slot, class, payload length and recency stamp
+    (flat, so that a batch's lookups build one object a page)."""
 
-    slot: Slot
-    cls: SlotClass
+    segment: int
+    offset: int
+    stride: int
+    align: int
     payload_len: int
     stamp: int
 
+    @staticmethod
+    def of(slot: Slot, cls: SlotClass, payload_len: int, stamp: int) -> Location:
+        return Location(slot.segment, slot.offset, cls.stride, cls.align, payload_len, stamp)
+
     def pack(self) -> bytes:
-        s, c = self.slot, self.cls
-        return _LOCATION.pack(s.segment, s.offset, c.stride, c.align, self.payload_len, self.stamp)
+        return _LOCATION.pack(*self)
 
     @staticmethod
     def unpack(raw: bytes | memoryview) -> Location | None:
         """None when ``raw`` is not a location (a damaged index value)."""
         if len(raw) != _LOCATION.size:
             return None
-        segment, offset, stride, align, payload_len, stamp = _LOCATION.unpack_from(raw)
-        return Location(Slot(segment, offset), SlotClass(stride, align), payload_len, stamp)
+        return Location._make(_LOCATION.unpack_from(raw))
+
+    @property
+    def slot(self) -> Slot:
+        return Slot(self.segment, self.offset)
+
+    @property
+    def cls(self) -> SlotClass:
+        return SlotClass(self.stride, self.align)
 
     @property
     def record_len(self) -> int:

@@ -97,10 +97,9 @@ class Ownership:
         marker = self._root / CLEAN_MARKER
         tmp = marker.with_suffix(".tmp")
         try:
-            with open(tmp, "w") as f:
-                f.write(identity + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            # Not fsynced: the index was synced before, so a marker lost or left empty by
+            # an OS crash only costs a check at the next open.
+            tmp.write_text(identity + "\n")
             os.replace(tmp, marker)
         except OSError:
             logger.warning(

@@ -7,21 +7,33 @@ from collections.abc import Sequence
 
 import xxhash
 
-from storage_backends.page_format import HEADER_BYTES, Verdict, check_header, parse_header
+from storage_backends.page_format import (
+    FORMAT_VERSION,
+    HEADER_BYTES,
+    MAGIC,
+    Verdict,
+    parse_header,
+)
 
 
 def check_read(header: bytearray, key: bytes, got: int, runs: Sequence[memoryview]) -> Verdict:
     """Verdict on a record of which ``got`` bytes (header + runs) were read."""
-    wanted = sum(len(run) for run in runs)
-    if got < HEADER_BYTES:
-        return Verdict.TRUNCATED
-    verdict = check_header(memoryview(header), key, got - HEADER_BYTES, None)
-    if verdict is not Verdict.OK:
-        return verdict
     parsed = parse_header(memoryview(header))
-    if parsed is None or parsed.payload_len != wanted:
+    if parsed is None or got < HEADER_BYTES:
+        return Verdict.TRUNCATED
+    if parsed.magic != MAGIC:
+        return Verdict.BAD_MAGIC
+    if parsed.version != FORMAT_VERSION:
+        return Verdict.BAD_VERSION
+    if parsed.key != key:
+        return Verdict.WRONG_KEY
+    if parsed.payload_len != got - HEADER_BYTES or parsed.payload_len != sum(map(len, runs)):
         return Verdict.BAD_LENGTH
-    digest = xxhash.xxh3_64()
-    for run in runs:
-        digest.update(run)
-    return Verdict.OK if digest.intdigest() == parsed.checksum else Verdict.BAD_CHECKSUM
+    if len(runs) == 1:
+        digest = xxhash.xxh3_64_intdigest(runs[0])
+    else:
+        hasher = xxhash.xxh3_64()
+        for run in runs:
+            hasher.update(run)
+        digest = hasher.intdigest()
+    return Verdict.OK if digest == parsed.checksum else Verdict.BAD_CHECKSUM

@@ -77,14 +77,14 @@ def locate(path: Path, key: bytes) -> RecordPlace | None:
         env.close()
     if loc is None:
         return None
-    return RecordPlace(path / segment_name(loc.slot.segment), loc.slot.offset, loc.record_len)
+    return RecordPlace(path / segment_name(loc.segment), loc.offset, loc.record_len)
 
 
 def _read(path: Path, fds: dict[int, int], loc: Location) -> bytes:
-    segment = loc.slot.segment
+    segment = loc.segment
     try:
         if segment not in fds:
             fds[segment] = os.open(path / segment_name(segment), os.O_RDONLY)
-        return os.pread(fds[segment], loc.record_len, loc.slot.offset)
+        return os.pread(fds[segment], loc.record_len, loc.offset)
     except OSError:
         return b""

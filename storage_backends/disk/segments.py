@@ -41,13 +41,14 @@ class SegmentFiles:
         self._fds: dict[int, int] = {}
         self._sizes: dict[int, int] = {}
         self._lock = threading.Lock()
-        if direct_io:
-            check_direct_io(root)
 
     def path(self, segment: int) -> Path:
         return self._root / segment_name(segment)
 
     def _fd(self, segment: int, create: bool) -> int:
+        fd = self._fds.get(segment)  # the common case, without the lock
+        if fd is not None:
+            return fd
         with self._lock:
             fd = self._fds.get(segment)
             if fd is None:
@@ -86,12 +87,14 @@ class SegmentFiles:
         if written != len(header) + len(payload):
             raise OSError(errno.EIO, f"short write: {written} bytes")
 
-    def read(self, slot: Slot, header: bytearray, payload: Sequence[memoryview]) -> int:
-        """Read a record's header and payload runs at ``slot``; return the bytes read."""
-        fd = self._fd(slot.segment, create=False)
+    def read(
+        self, segment: int, offset: int, header: bytearray, payload: Sequence[memoryview]
+    ) -> int:
+        """Read a record's header and payload runs at ``offset``; return the bytes read."""
+        fd = self._fd(segment, create=False)
         if self._direct:
-            return _read_direct(fd, slot.offset, header, payload)
-        return os.preadv(fd, [header, *payload], slot.offset)
+            return _read_direct(fd, offset, header, payload)
+        return os.preadv(fd, [header, *payload], offset)
 
     def sync(self) -> None:
         """fdatasync every segment written through this object."""
