@@ -27,7 +27,7 @@ import xxhash
 
 from hicache.bench.disk_sides import SIDES, Pages, Side, make_pages, open_sides, remove_sides
 from hicache.bench.page_cache import DropResult, drop_page_cache
-from hicache.cli_common import at_least
+from hicache.config.flags import at_least
 
 OPS = ("put", "get cold", "get warm")
 DEFAULT_PAGES_KB = (64, 1024)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hicache.bench.page_cache import drop_page_cache
-from hicache.cli_common import at_least
+from hicache.config.flags import at_least
 from storage_backends import StorageConfig, create
 
 DEFAULT_SIZES = (10_000, 100_000)
