@@ -288,4 +288,4 @@ def test_readme_names_what_each_command_reads_and_every_shipped_config() -> None
     assert sorted(cache + daemon) == shipped_configs()
     assert "(shipped: " + ", ".join(f"`{n}`" for n in cache) + "; default `default`)" in claim
     assert "(shipped: " + ", ".join(f"`{n}`" for n in daemon) + ")" in claim
-    assert "`keygen` and `store verify` read no config" in claim
+    assert "`keygen`, `store verify` and `store migrate` read no config" in claim
