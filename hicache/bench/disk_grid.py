@@ -44,16 +44,22 @@ class Cell(NamedTuple):
 
 
 class CellRun(NamedTuple):
-    """GB/s of each (side, op) in one cell, and whether its cold read was cold."""
+    """GB/s of each (side, op) in one cell, wall and per CPU-second, and whether its cold
+    read was cold."""
 
     cell: Cell
     pages: int
     gbps: dict[tuple[str, str], float]
+    cpu_gbps: dict[tuple[str, str], float]  # bytes per CPU-second of this process
     drop: DropResult
 
     def ratio(self, op: str, baseline: str) -> float:
         base = self.gbps[(baseline, op)]
         return self.gbps[("disk", op)] / base if base else 0.0
+
+    def cpu_ratio(self, op: str, baseline: str) -> float:
+        base = self.cpu_gbps[(baseline, op)]
+        return self.cpu_gbps[("disk", op)] / base if base else 0.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,21 +102,28 @@ def cells(args: argparse.Namespace) -> list[Cell]:
     return out
 
 
+class _Spent(NamedTuple):
+    wall: float
+    cpu: float
+
+
 def _pass(
     sides: list[Side],
     pages: Pages,
     batch: int,
     action: Callable[[Side, slice], None],
     check: Callable[[slice, str], None],
-) -> dict[str, float]:
-    """Seconds each side spent, the sides alternating batch by batch."""
-    spent = dict.fromkeys((side.name for side in sides), 0.0)
+) -> dict[str, _Spent]:
+    """Wall and CPU seconds (this process, all its threads) each side spent, the sides
+    alternating batch by batch."""
+    spent = {side.name: _Spent(0.0, 0.0) for side in sides}
     for start in range(0, len(pages.keys), batch):
         span = slice(start, start + batch)
         for side in sides:
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             action(side, span)
-            spent[side.name] += time.perf_counter() - began
+            wall, cpu = time.perf_counter() - began, time.process_time() - cpu
+            spent[side.name] = _Spent(spent[side.name].wall + wall, spent[side.name].cpu + cpu)
             check(span, side.name)
     return spent
 
@@ -133,7 +146,7 @@ def _nothing(span: slice, who: str) -> None:
 
 
 class _Round(NamedTuple):
-    seconds: dict[tuple[str, str], float]
+    seconds: dict[tuple[str, str], _Spent]
     drop: DropResult
 
 
@@ -153,7 +166,7 @@ def _one_round(cell: Cell, root: Path, pages: Pages) -> _Round:
         warm = _pass(sides, pages, cell.batch, lambda s, span: s.get(span), check)
     finally:
         remove_sides(sides)
-    seconds: dict[tuple[str, str], float] = {}
+    seconds: dict[tuple[str, str], _Spent] = {}
     for name in SIDES:
         seconds |= {(name, "put"): put[name], (name, "get cold"): cold[name]}
         seconds[(name, "get warm")] = warm[name]
@@ -165,10 +178,12 @@ def measure_cell(cell: Cell, root: Path, cell_bytes: int, repeat: int) -> CellRu
     pages = make_pages(cell.page_bytes, max(1, cell_bytes // cell.page_bytes))
     rounds = [_one_round(cell, root / f"round-{k}", pages) for k in range(repeat)]
     total = pages.total_bytes / 1e9
-    gbps = {key: total / min(r.seconds[key] for r in rounds) for key in rounds[0].seconds}
+    keys = rounds[0].seconds
+    gbps = {key: total / min(r.seconds[key].wall for r in rounds) for key in keys}
+    cpu = {key: total / max(1e-9, min(r.seconds[key].cpu for r in rounds)) for key in keys}
     drops = [r.drop for r in rounds]
     cold = next((d for d in drops if not d.took_effect), drops[0])  # the worst says it
-    return CellRun(cell, len(pages.keys), gbps, cold)
+    return CellRun(cell, len(pages.keys), gbps, cpu, cold)
 
 
 def _cold_note(drop: DropResult) -> str:
@@ -180,32 +195,34 @@ def _cold_note(drop: DropResult) -> str:
     return f"NOT dropped ({share:.0%} still cached)"
 
 
+def _size(page_bytes: int) -> str:
+    return f"{page_bytes >> 10} KiB" if page_bytes < 1 << 20 else f"{page_bytes >> 20} MiB"
+
+
+def _row(run: CellRun, op: str) -> str:
+    c = run.cell
+    base = " ".join(f"{run.gbps[(name, op)]:6.2f}" for name in SIDES[1:])
+    wall = " ".join(f"{run.ratio(op, name):5.2f}" for name in SIDES[1:])
+    cpu = " ".join(f"{run.cpu_ratio(op, name):5.2f}" for name in SIDES[1:])
+    note = _cold_note(run.drop) if op == "get cold" else ""
+    head = f"{_size(c.page_bytes):>8} {c.batch:>5} {c.threads:>3} {op:8}"
+    return f"{head} {run.gbps[('disk', op)]:9.2f} {base} | {wall} | {cpu}  {note}"
+
+
 def print_tables(runs: list[CellRun], args: argparse.Namespace) -> None:
     print(f"disk backend grid: {args.cell_mb} MiB per side per cell, no side fsyncs (sync=none)")
     print("  sides: disk (I/O threads = threads), raw pwrite/preadv into one preallocated file")
     print("  (same threads: the limit), lmdb backend, one file per page + rename (HiCacheFile)")
     print("  cold: page cache dropped before the first read; warm: the read after it")
     print(f"  each figure: best of {args.repeat} rounds, each round in fresh stores")
+    print("  ratios: disk over each baseline, by wall time, then by CPU time of this process")
+    print("  (CPU ratios are steadier on a loaded machine; cold reads wait on the disk, not CPU)")
+    names = " ".join(f"{'/' + n[:4]:>5}" for n in SIDES[1:])
     head = f"{'page':>8} {'batch':>5} {'thr':>3} {'op':8} {'disk GB/s':>9}"
-    print(
-        f"{head} {'raw':>6} {'lmdb':>6} {'file':>6} | {'/raw':>5} {'/lmdb':>5} {'/file':>5}  cold"
-    )
+    print(f"{head} {'raw':>6} {'lmdb':>6} {'file':>6} | {names} | {names}  cold")
     for run in runs:
-        c = run.cell
-        size = (
-            f"{c.page_bytes >> 10} KiB" if c.page_bytes < 1 << 20 else f"{c.page_bytes >> 20} MiB"
-        )
         for op in OPS:
-            base = [run.gbps[(name, op)] for name in SIDES[1:]]
-            ratios = [run.ratio(op, name) for name in SIDES[1:]]
-            note = _cold_note(run.drop) if op == "get cold" else ""
-            print(
-                f"{size:>8} {c.batch:>5} {c.threads:>3} {op:8} {run.gbps[('disk', op)]:9.2f} "
-                + " ".join(f"{b:6.2f}" for b in base)
-                + " | "
-                + " ".join(f"{r:5.2f}" for r in ratios)
-                + f"  {note}"
-            )
+            print(_row(run, op))
     if not all(run.drop.took_effect for run in runs):
         print("  the page cache could NOT be dropped in some cells: their cold reads are warm")
 
@@ -221,6 +238,8 @@ def as_json(runs: list[CellRun]) -> list[dict[str, object]]:
                     "op": op,
                     "gbps": {name: round(run.gbps[(name, op)], 3) for name in SIDES},
                     "ratio": {name: round(run.ratio(op, name), 3) for name in SIDES[1:]},
+                    "cpu_gbps": {name: round(run.cpu_gbps[(name, op)], 3) for name in SIDES},
+                    "cpu_ratio": {name: round(run.cpu_ratio(op, name), 3) for name in SIDES[1:]},
                     "page_cache_dropped": run.drop.took_effect if op == "get cold" else None,
                 }
             )

@@ -81,7 +81,7 @@ def test_disk_grid_reports_every_side_and_says_whether_reads_were_cold(
     assert [r["op"] for r in rows] == ["put", "get cold", "get warm"] * 3
     sides = {"disk", "raw", "lmdb", "file-per-page"}
     assert all(set(r["gbps"]) == sides and min(r["gbps"].values()) > 0 for r in rows)
-    assert all(set(r["ratio"]) == sides - {"disk"} for r in rows)
+    assert all(set(r["ratio"]) == set(r["cpu_ratio"]) == sides - {"disk"} for r in rows)
     printed = capsys.readouterr().out
     for r in rows[1::3]:  # the cold reads say whether the page cache was dropped
         assert isinstance(r["page_cache_dropped"], bool)
