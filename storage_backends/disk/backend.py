@@ -88,7 +88,8 @@ class _Read(NamedTuple):
 class DiskBackend:
     """The ``disk`` backend (see the module docstring and DESIGN §11).
 
-    Thread-safe as the protocol asks; several processes may share one store path.
+    Thread-safe as the protocol asks; several processes may share one store path (one
+    DiskBackend per path per process: an LMDB rule).
     Unlike the in-memory backends, a get reads into ``dst`` before checking it:
     a damaged page's buffer may have been written, but it is reported as a miss.
     ``fault_hook`` (None in use) is called with each ``PutPhase`` of a put.
