@@ -269,6 +269,8 @@ class DiskBackend:
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         self._check_open()
         views = check_batch(keys, src, writable=False)
+        if not views:
+            return []
         with self._write_lock:
             self._check_open()
             plan = self._reserve(keys, views)
