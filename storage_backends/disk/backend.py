@@ -46,9 +46,12 @@ logger = logging.getLogger(__name__)
 # Recency updates from gets ride on the next put's transaction, or get one of
 # their own once this many have piled up.
 _TOUCH_FLUSH = 4096
-# The index's structural check reads every B-tree page of the index (~100 bytes a
-# page of data): seconds for millions of pages.
+# The index's structural check reads every B-tree page of the index (~170 bytes a
+# page of data): seconds for millions of pages. Its time limit grows with the index,
+# read at a pace any disk keeps, so that running out of time means a check that is
+# stuck, not an index that is merely large.
 _MIN_CHECK_S = 60.0
+_CHECK_BYTES_PER_S = 16 << 20
 
 
 class PutPhase(enum.Enum):
@@ -88,7 +91,8 @@ class _Read(NamedTuple):
 class DiskBackend:
     """The ``disk`` backend (see the module docstring and DESIGN §11).
 
-    Thread-safe as the protocol asks; several processes may share one store path.
+    Thread-safe as the protocol asks; several processes may share one store path (one
+    DiskBackend per path per process: an LMDB rule).
     Unlike the in-memory backends, a get reads into ``dst`` before checking it:
     a damaged page's buffer may have been written, but it is reported as a miss.
     ``fault_hook`` (None in use) is called with each ``PutPhase`` of a put.
@@ -120,8 +124,7 @@ class DiskBackend:
         index_dir = root / INDEX_DIR
         damage = None
         if owners.alone and not owners.closed_cleanly(index_dir / "data.mdb"):
-            timeout = max(_MIN_CHECK_S, self._config.timeout_s)
-            damage = check_store(index_dir, timeout).damage
+            damage = check_store(index_dir, self._check_limit(index_dir)).damage
         try:
             if damage is not None:
                 raise StoreDamagedError(damage)
@@ -137,6 +140,13 @@ class DiskBackend:
         owners.opened()
         self._reclaim(index, owners.alone)
         return root, owners, index
+
+    def _check_limit(self, index_dir: Path) -> float:
+        try:
+            size = (index_dir / "data.mdb").stat().st_size
+        except OSError:
+            size = 0
+        return max(_MIN_CHECK_S, self._config.timeout_s, size / _CHECK_BYTES_PER_S)
 
     def _reclaim(self, index: DiskIndex, alone: bool) -> None:
         """Free slots reserved by puts whose process died before committing them."""
@@ -268,6 +278,8 @@ class DiskBackend:
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         self._check_open()
         views = check_batch(keys, src, writable=False)
+        if not views:
+            return []
         with self._write_lock:
             self._check_open()
             plan = self._reserve(keys, views)
