@@ -34,6 +34,7 @@ from storage_backends.disk.io_pool import IoPool
 from storage_backends.disk.layout import INDEX_DIR, Location, Slot, SlotClass, slot_class
 from storage_backends.disk.owners import Ownership
 from storage_backends.disk.records import check_read
+from storage_backends.disk.runs import Extent, Run, gap, plan_runs, record_spans, scratch
 from storage_backends.disk.segments import SegmentFiles, check_direct_io
 from storage_backends.errors import StorageClosedError, StoreDamagedError
 from storage_backends.lmdb_check import check_store
@@ -200,9 +201,7 @@ class DiskBackend:
             for i, loc in enumerate(lookup.locations)
             if loc is not None and loc.payload_len == sum(len(run) for run in runs[i])
         ]
-        verdicts = self._pool.map(
-            lambda r: self._read_one(keys[r.pos], r.location, runs[r.pos]), reads
-        )
+        verdicts = self._read_records(keys, reads, runs)
         hits = [False] * len(keys)
         damaged: list[tuple[bytes, Location | None]] = [(keys[i], None) for i in lookup.damaged]
         for read, verdict in zip(reads, verdicts, strict=True):
@@ -215,10 +214,55 @@ class DiskBackend:
         self._touch([key for key, hit in zip(keys, hits, strict=True) if hit])
         return hits
 
+    def _read_records(
+        self, keys: Sequence[bytes], reads: list[_Read], runs: list[list[memoryview]]
+    ) -> list[Verdict]:
+        """Each read's verdict, one ``preadv`` per run of adjacent slots, runs on the pool."""
+        if not reads:
+            return []
+        extents = [
+            Extent(loc.segment, loc.offset, loc.record_len, loc.stride)
+            for loc in (r.location for r in reads)
+        ]
+        iovs = 2 + max(len(runs[r.pos]) for r in reads)  # header, payload runs, gap
+        planned = plan_runs(extents, iovs, self._config.io_threads)
+        per_run = self._pool.map(lambda run: self._read_run(run, keys, reads, runs), planned)
+        verdicts = [Verdict.TRUNCATED] * len(reads)
+        for run, outcome in zip(planned, per_run, strict=True):
+            for member, verdict in zip(run.members, outcome, strict=True):
+                verdicts[member] = verdict
+        return verdicts
+
+    def _read_run(
+        self, run: Run, keys: Sequence[bytes], reads: list[_Read], runs: list[list[memoryview]]
+    ) -> list[Verdict]:
+        """Read a run's records straight into their runs and check each one."""
+        headers = [bytearray(HEADER_BYTES) for _ in run.members]
+        spare = scratch()
+        bufs: list[bytearray | memoryview] = []
+        starts: list[int] = []
+        for n, member in enumerate(run.members):
+            loc = reads[member].location
+            starts.append(loc.offset - run.offset)
+            bufs += [headers[n], *runs[reads[member].pos]]
+            if n + 1 < len(run.members) and loc.stride > loc.record_len:  # < GAP_MAX: joined
+                bufs.append(spare[: loc.stride - loc.record_len])
+        try:
+            got = self._segments.read(run.segment, run.offset, bufs)
+        except OSError as exc:
+            self._log.failure("disk store read failed; reported as damaged pages", exc)
+            return [Verdict.TRUNCATED] * len(run.members)
+        lengths = [reads[m].location.record_len for m in run.members]
+        spans = record_spans(got, starts, lengths)
+        return [
+            check_read(headers[n], keys[reads[m].pos], spans[n], runs[reads[m].pos])
+            for n, m in enumerate(run.members)
+        ]
+
     def _read_one(self, key: bytes, loc: Location, runs: Sequence[memoryview]) -> Verdict:
         header = bytearray(HEADER_BYTES)
         try:
-            got = self._segments.read(loc.segment, loc.offset, header, runs)
+            got = self._segments.read(loc.segment, loc.offset, [header, *runs])
         except OSError as exc:
             self._log.failure("disk store read failed; reported as a damaged page", exc)
             return Verdict.TRUNCATED
@@ -352,10 +396,12 @@ class DiskBackend:
 
     def _reserve_slots(self, writer: IndexWriter, pages: list[_Page]) -> list[_Planned]:
         """Slots for ``pages``, one run per size class; pages left without one fail."""
-        by_class: dict[SlotClass, list[_Page]] = {}
+        by_len: dict[int, list[_Page]] = {}  # a batch usually holds one page size
         for page in pages:
-            cls = slot_class(len(page.view), self._config.direct_io)
-            by_class.setdefault(cls, []).append(page)
+            by_len.setdefault(len(page.view), []).append(page)
+        by_class: dict[SlotClass, list[_Page]] = {}
+        for length, group in by_len.items():
+            by_class.setdefault(slot_class(length, self._config.direct_io), []).extend(group)
         writes: list[_Planned] = []
         for cls, group in by_class.items():
             records = sum(HEADER_BYTES + len(page.view) for page in group)
@@ -367,13 +413,22 @@ class DiskBackend:
         return writes
 
     def _write(self, writes: list[_Planned]) -> list[bool]:
-        """The records, on the I/O pool (data fsynced first at ``sync = "full"``)."""
+        """The records, one ``pwritev`` per run of adjacent slots, runs on the I/O pool
+        (data fsynced first at ``sync = "full"``)."""
         ok = self._grow(writes)
-        written = self._pool.map(
-            self._write_one, [w for w, good in zip(writes, ok, strict=True) if good]
-        )
+        good = [w for w, fine in zip(writes, ok, strict=True) if fine]
+        extents = [
+            Extent(w.slot.segment, w.slot.offset, HEADER_BYTES + len(w.view), w.cls.stride)
+            for w in good
+        ]
+        planned = plan_runs(extents, 3, self._config.io_threads)  # header, payload, gap
+        outcomes = self._pool.map(lambda run: self._write_run(run, good), planned)
+        written = [False] * len(good)
+        for run, fine in zip(planned, outcomes, strict=True):
+            for member in run.members:
+                written[member] = fine
         done = iter(written)
-        result = [good and next(done) for good in ok]
+        result = [fine and next(done) for fine in ok]
         if self._config.sync_level.fsync_data and any(result):
             try:
                 self._segments.sync()
@@ -397,11 +452,19 @@ class DiskBackend:
                 failed.add(segment)
         return [w.slot.segment not in failed for w in writes]
 
-    def _write_one(self, w: _Planned) -> bool:
+    def _write_run(self, run: Run, writes: list[_Planned]) -> bool:
+        """Write a run's records (header, payload, zeros up to the next slot)."""
+        bufs: list[bytes | memoryview] = []
+        for n, member in enumerate(run.members):
+            w = writes[member]
+            bufs += [build_header(w.key, w.view), w.view]
+            record = HEADER_BYTES + len(w.view)
+            if n + 1 < len(run.members) and w.cls.stride > record:
+                bufs.append(gap(w.cls.stride - record))
         try:
-            self._segments.write(w.slot, build_header(w.key, w.view), w.view)
+            self._segments.write(run.segment, run.offset, bufs)
         except OSError as exc:
-            self._log.failure("disk store write failed; the page is not stored", exc)
+            self._log.failure("disk store write failed; the pages are not stored", exc)
             return False
         return True
 

@@ -16,9 +16,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from storage_backends.disk.layout import BLOCK, Slot, round_up, segment_name
+from storage_backends.disk.layout import BLOCK, round_up, segment_name
 from storage_backends.errors import StorageOpenError
-from storage_backends.page_format import HEADER_BYTES
 
 _DIRECT = getattr(os, "O_DIRECT", 0)
 # Files grow by at least this much at a time (posix_fallocate), so that writes land in
@@ -77,24 +76,23 @@ class SegmentFiles:
         with self._lock:
             self._sizes[segment] = max(size, self._sizes.get(segment, 0))
 
-    def write(self, slot: Slot, header: bytes, payload: memoryview) -> None:
-        """Write one record at ``slot``; OSError if the whole record was not written."""
-        fd = self._fd(slot.segment, create=True)
+    def write(self, segment: int, offset: int, bufs: Sequence[bytes | memoryview]) -> None:
+        """Write ``bufs`` back to back at ``offset``; OSError unless all of them were written."""
+        fd = self._fd(segment, create=True)
         if self._direct:
-            _write_direct(fd, slot.offset, header, payload)
+            _write_direct(fd, offset, bufs)
             return
-        written = os.pwritev(fd, [header, payload], slot.offset)
-        if written != len(header) + len(payload):
+        written = os.pwritev(fd, bufs, offset)
+        if written != sum(len(buf) for buf in bufs):
             raise OSError(errno.EIO, f"short write: {written} bytes")
 
-    def read(
-        self, segment: int, offset: int, header: bytearray, payload: Sequence[memoryview]
-    ) -> int:
-        """Read a record's header and payload runs at ``offset``; return the bytes read."""
+    def read(self, segment: int, offset: int, bufs: Sequence[bytearray | memoryview]) -> int:
+        """Fill ``bufs`` in order from ``offset``; return the bytes read (short at the end
+        of the file)."""
         fd = self._fd(segment, create=False)
         if self._direct:
-            return _read_direct(fd, offset, header, payload)
-        return os.preadv(fd, [header, *payload], offset)
+            return _read_direct(fd, offset, bufs)
+        return os.preadv(fd, bufs, offset)
 
     def sync(self) -> None:
         """fdatasync every segment written through this object."""
@@ -131,27 +129,29 @@ def _aligned(size: int) -> mmap.mmap:
     return mmap.mmap(-1, size)
 
 
-def _write_direct(fd: int, offset: int, header: bytes, payload: memoryview) -> None:
-    length = round_up(len(header) + len(payload), BLOCK)
-    with _aligned(length) as buf:
-        buf[: len(header)] = header
-        buf[len(header) : len(header) + len(payload)] = payload
-        written = os.pwritev(fd, [buf], offset)
+def _write_direct(fd: int, offset: int, bufs: Sequence[bytes | memoryview]) -> None:
+    total = sum(len(buf) for buf in bufs)
+    length = round_up(total, BLOCK)
+    with _aligned(length) as bounce:
+        at = 0
+        for buf in bufs:
+            bounce[at : at + len(buf)] = buf
+            at += len(buf)
+        written = os.pwritev(fd, [bounce], offset)
     if written != length:
         raise OSError(errno.EIO, f"short write: {written} bytes")
 
 
-def _read_direct(fd: int, offset: int, header: bytearray, payload: Sequence[memoryview]) -> int:
-    total = HEADER_BYTES + sum(len(p) for p in payload)
-    with _aligned(round_up(total, BLOCK)) as buf:
-        got = min(os.preadv(fd, [buf], offset), total)
-        view = memoryview(buf)
+def _read_direct(fd: int, offset: int, bufs: Sequence[bytearray | memoryview]) -> int:
+    total = sum(len(buf) for buf in bufs)
+    with _aligned(round_up(total, BLOCK)) as bounce:
+        got = min(os.preadv(fd, [bounce], offset), total)
+        view = memoryview(bounce)
         try:
-            header[:] = view[:HEADER_BYTES]
-            at = HEADER_BYTES
-            for run in payload:
-                run[:] = view[at : at + len(run)]
-                at += len(run)
+            at = 0
+            for buf in bufs:
+                buf[:] = view[at : at + len(buf)]
+                at += len(buf)
         finally:
             view.release()
     return got
