@@ -22,7 +22,14 @@ import lmdb
 
 from storage_backends.config import StorageConfig
 from storage_backends.disk.allocator import Allocator, FreeDbs, from_u64, u64
-from storage_backends.disk.layout import CLASS_BYTES, SLOT_BYTES, Location, Slot, SlotClass
+from storage_backends.disk.layout import (
+    CLASS_BYTES,
+    PACK,
+    SLOT_BYTES,
+    Location,
+    Slot,
+    SlotClass,
+)
 from storage_backends.errors import StorageOpenError, StoreDamagedError
 from storage_backends.store_dir import StoreMeta, reconcile_meta
 
@@ -32,6 +39,10 @@ META_BYTES_USED = b"bytes_used"
 META_SEGMENT_BYTES = b"segment_bytes"
 DB_NAMES = (b"pages", b"lru", b"meta", b"free", b"free_class", b"pending")
 _MIN_MAP = 64 << 20
+_MAX_MAP = 1 << 46  # 64 TiB of address space (x86-64 user space is 128 TiB)
+# A page's entries (key -> location, stamp -> key) with their B-tree share, a freed
+# slot's two entries, and room for copy-on-write pages of a commit.
+INDEX_BYTES_PER_PAGE = 512
 _OWNER = struct.Struct(">IQ")
 # LMDB errors that mean the index's structure (not one call) is broken.
 DAMAGE_ERRORS = (
@@ -59,8 +70,11 @@ def raise_if_damage(exc: lmdb.Error, path: Path) -> None:
 
 
 def map_size(config: StorageConfig) -> int:
-    """Room for an index entry (~150 bytes with its B-tree share) per 4 KiB of capacity."""
-    return config.map_size or max(_MIN_MAP, config.max_bytes // 16)
+    """Room for the index of as many pages as the store can hold (the smallest slot is
+    ``PACK`` bytes), ``INDEX_BYTES_PER_PAGE`` each. Only address space is reserved: the
+    index file grows with what it holds, so a large map costs nothing on disk."""
+    pages = config.max_bytes // PACK + 1
+    return config.map_size or max(_MIN_MAP, min(_MAX_MAP, pages * INDEX_BYTES_PER_PAGE))
 
 
 class Lookup(NamedTuple):
