@@ -89,6 +89,13 @@ class _Read(NamedTuple):
     location: Location
 
 
+class _Target(NamedTuple):
+    """A read's key and the caller's buffers its payload goes to."""
+
+    key: bytes
+    runs: list[memoryview]
+
+
 class DiskBackend:
     """The ``disk`` backend (see the module docstring and DESIGN §11).
 
@@ -226,37 +233,38 @@ class DiskBackend:
         ]
         iovs = 2 + max(len(runs[r.pos]) for r in reads)  # header, payload runs, gap
         planned = plan_runs(extents, iovs, self._config.io_threads)
-        per_run = self._pool.map(lambda run: self._read_run(run, keys, reads, runs), planned)
+        targets = [_Target(keys[r.pos], runs[r.pos]) for r in reads]
+        per_run = self._pool.map(lambda run: self._read_run(run, extents, targets), planned)
         verdicts = [Verdict.TRUNCATED] * len(reads)
         for run, outcome in zip(planned, per_run, strict=True):
             for member, verdict in zip(run.members, outcome, strict=True):
                 verdicts[member] = verdict
         return verdicts
 
-    def _read_run(
-        self, run: Run, keys: Sequence[bytes], reads: list[_Read], runs: list[list[memoryview]]
-    ) -> list[Verdict]:
-        """Read a run's records straight into their runs and check each one."""
+    def _read_run(self, run: Run, extents: list[Extent], targets: list[_Target]) -> list[Verdict]:
+        """Read a run's records straight into their targets and check each one."""
         headers = [bytearray(HEADER_BYTES) for _ in run.members]
         spare = scratch()
         bufs: list[bytearray | memoryview] = []
-        starts: list[int] = []
-        for n, member in enumerate(run.members):
-            loc = reads[member].location
-            starts.append(loc.offset - run.offset)
-            bufs += [headers[n], *runs[reads[member].pos]]
-            if n + 1 < len(run.members) and loc.stride > loc.record_len:  # < GAP_MAX: joined
-                bufs.append(spare[: loc.stride - loc.record_len])
+        last = run.members[-1]
+        for header, member in zip(headers, run.members, strict=True):
+            ext = extents[member]
+            bufs.append(header)
+            bufs += targets[member].runs
+            if member != last and ext.stride > ext.length:  # < GAP_MAX: joined
+                bufs.append(spare[: ext.stride - ext.length])
         try:
             got = self._segments.read(run.segment, run.offset, bufs)
         except OSError as exc:
             self._log.failure("disk store read failed; reported as damaged pages", exc)
             return [Verdict.TRUNCATED] * len(run.members)
-        lengths = [reads[m].location.record_len for m in run.members]
-        spans = record_spans(got, starts, lengths)
+        members = [extents[m] for m in run.members]
+        spans = record_spans(
+            got, [e.offset - run.offset for e in members], [e.length for e in members]
+        )
         return [
-            check_read(headers[n], keys[reads[m].pos], spans[n], runs[reads[m].pos])
-            for n, m in enumerate(run.members)
+            check_read(header, targets[m].key, span, targets[m].runs)
+            for header, m, span in zip(headers, run.members, spans, strict=True)
         ]
 
     def _read_one(self, key: bytes, loc: Location, runs: Sequence[memoryview]) -> Verdict:
@@ -415,20 +423,17 @@ class DiskBackend:
     def _write(self, writes: list[_Planned]) -> list[bool]:
         """The records, one ``pwritev`` per run of adjacent slots, runs on the I/O pool
         (data fsynced first at ``sync = "full"``)."""
-        ok = self._grow(writes)
-        good = [w for w, fine in zip(writes, ok, strict=True) if fine]
         extents = [
             Extent(w.slot.segment, w.slot.offset, HEADER_BYTES + len(w.view), w.cls.stride)
-            for w in good
+            for w in writes
         ]
         planned = plan_runs(extents, 3, self._config.io_threads)  # header, payload, gap
-        outcomes = self._pool.map(lambda run: self._write_run(run, good), planned)
-        written = [False] * len(good)
-        for run, fine in zip(planned, outcomes, strict=True):
+        grown = self._grow(planned, extents)
+        outcomes = self._pool.map(lambda run: self._write_run(run, writes), grown)
+        result = [False] * len(writes)
+        for run, fine in zip(grown, outcomes, strict=True):
             for member in run.members:
-                written[member] = fine
-        done = iter(written)
-        result = [fine and next(done) for fine in ok]
+                result[member] = fine
         if self._config.sync_level.fsync_data and any(result):
             try:
                 self._segments.sync()
@@ -437,12 +442,13 @@ class DiskBackend:
                 return [False] * len(writes)
         return result
 
-    def _grow(self, writes: list[_Planned]) -> list[bool]:
-        """Allocate file blocks under the batch's slots; a segment that cannot grow (full
-        disk) fails its pages."""
+    def _grow(self, runs: list[Run], extents: list[Extent]) -> list[Run]:
+        """Allocate file blocks under the runs' slots; return the runs whose segment
+        could grow (a full disk fails the pages of the others)."""
         ends: dict[int, int] = {}
-        for w in writes:
-            ends[w.slot.segment] = max(ends.get(w.slot.segment, 0), w.slot.offset + w.cls.stride)
+        for run in runs:
+            last = extents[run.members[-1]]
+            ends[run.segment] = max(ends.get(run.segment, 0), last.offset + last.stride)
         failed: set[int] = set()
         for segment, end in ends.items():
             try:
@@ -450,7 +456,7 @@ class DiskBackend:
             except OSError as exc:
                 self._log.failure("disk store segment cannot grow (disk full?)", exc)
                 failed.add(segment)
-        return [w.slot.segment not in failed for w in writes]
+        return [run for run in runs if run.segment not in failed]
 
     def _write_run(self, run: Run, writes: list[_Planned]) -> bool:
         """Write a run's records (header, payload, zeros up to the next slot)."""

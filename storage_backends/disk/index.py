@@ -23,9 +23,7 @@ import lmdb
 from storage_backends.config import StorageConfig
 from storage_backends.disk.allocator import Allocator, FreeDbs, from_u64, u64
 from storage_backends.disk.layout import (
-    CLASS_BYTES,
     PACK,
-    SLOT_BYTES,
     Location,
     Slot,
     SlotClass,
@@ -90,13 +88,19 @@ class Reserved(NamedTuple):
     cls: SlotClass
 
 
-_RESERVED_BYTES = SLOT_BYTES + CLASS_BYTES
+_RESERVED = struct.Struct(">IQIH")  # Slot.pack() + SlotClass.pack(), in one call a slot
+
+
+def _pack_reserved(reserved: Sequence[Reserved]) -> bytes:
+    pack = _RESERVED.pack
+    return b"".join([pack(*r.slot, *r.cls) for r in reserved])
 
 
 def _unpack_reserved(raw: bytes) -> list[Reserved]:
+    whole = len(raw) - len(raw) % _RESERVED.size  # a damaged tail is ignored, as before
     return [
-        Reserved(Slot.unpack(raw[at:]), SlotClass.unpack(raw[at + SLOT_BYTES :]))
-        for at in range(0, len(raw) - _RESERVED_BYTES + 1, _RESERVED_BYTES)
+        Reserved(Slot(segment, offset), SlotClass(stride, align))
+        for segment, offset, stride, align in _RESERVED.iter_unpack(raw[:whole])
     ]
 
 
@@ -198,8 +202,7 @@ class IndexWriter:
     def pend(self, owner: Owner, reserved: Sequence[Reserved]) -> None:
         """Record a batch's reserved slots until ``settle`` (a crash leaves them here)."""
         if reserved:
-            packed = b"".join(r.slot.pack() + r.cls.pack() for r in reserved)
-            self._txn.put(owner.pack(), packed, db=self._dbs.pending)
+            self._txn.put(owner.pack(), _pack_reserved(reserved), db=self._dbs.pending)
 
     def settle(self, owner: Owner) -> None:
         """The batch's slots now hold pages or were released: no longer pending."""
