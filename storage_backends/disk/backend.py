@@ -76,6 +76,10 @@ class _Planned(NamedTuple):
     slot: Slot
     cls: SlotClass
 
+    @property
+    def payload_len(self) -> int:
+        return len(self.view)
+
 
 class _Plan(NamedTuple):
     results: list[bool]
@@ -412,7 +416,7 @@ class DiskBackend:
             by_class.setdefault(slot_class(length, self._config.direct_io), []).extend(group)
         writes: list[_Planned] = []
         for cls, group in by_class.items():
-            records = sum(HEADER_BYTES + len(page.view) for page in group)
+            records = HEADER_BYTES * len(group) + sum(len(page.view) for page in group)
             slots = writer.reserve(cls, len(group), records)
             writes += [
                 _Planned(p.pos, p.key, p.view, s, cls)
@@ -481,11 +485,15 @@ class DiskBackend:
             with self._index.writing() as writer:
                 self._fault(PutPhase.IN_COMMIT)
                 writer.settle(plan.owner)
+                done = [w for w, ok in zip(plan.writes, written, strict=True) if ok]
+                added = writer.insert_new(done)
+                stored = sum(added)
+                # Slots of failed writes, and of pages another process stored meanwhile.
+                unused = [w for w, ok in zip(plan.writes, written, strict=True) if not ok]
+                unused += [w for w, fresh in zip(done, added, strict=True) if not fresh]
+                for w in unused:
+                    writer.alloc.release(w.slot, w.cls)
                 for w, ok in zip(plan.writes, written, strict=True):
-                    inserted = ok and writer.insert_new(w.key, w.slot, w.cls, len(w.view))
-                    if not inserted:  # a failed write, or stored by another process meanwhile
-                        writer.alloc.release(w.slot, w.cls)
-                    stored += inserted
                     plan.results[w.pos] = ok
         except lmdb.Error as exc:
             self._log.failure("disk store index commit failed; the batch is not stored", exc)

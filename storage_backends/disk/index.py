@@ -16,7 +16,7 @@ import os
 import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import lmdb
 
@@ -29,6 +29,7 @@ from storage_backends.disk.layout import (
     SlotClass,
 )
 from storage_backends.errors import StorageOpenError, StoreDamagedError
+from storage_backends.page_format import HEADER_BYTES
 from storage_backends.store_dir import StoreMeta, reconcile_meta
 
 META_VERSION = b"format_version"
@@ -117,6 +118,19 @@ class Owner(NamedTuple):
     def unpack(raw: bytes) -> Owner:
         pid, batch = _OWNER.unpack_from(raw)
         return Owner(pid, batch)
+
+
+class NewPage(Protocol):
+    """A written page to index."""
+
+    @property
+    def key(self) -> bytes: ...
+    @property
+    def slot(self) -> Slot: ...
+    @property
+    def cls(self) -> SlotClass: ...
+    @property
+    def payload_len(self) -> int: ...
 
 
 class IndexWriter:
@@ -208,14 +222,22 @@ class IndexWriter:
         """The batch's slots now hold pages or were released: no longer pending."""
         self._txn.delete(owner.pack(), db=self._dbs.pending)
 
-    def insert_new(self, key: bytes, slot: Slot, cls: SlotClass, payload_len: int) -> bool:
-        """Index a written page; False (nothing changed) if ``key`` is stored already."""
-        loc = Location.of(slot, cls, payload_len, self._next_stamp)
-        if not self._txn.put(key, loc.pack(), db=self._dbs.pages, overwrite=False):
-            return False
-        self._txn.put(u64(self._stamp()), key, db=self._dbs.lru)
-        self.bytes_used += loc.record_len
-        return True
+    def insert_new(self, pages: Sequence[NewPage]) -> list[bool]:
+        """Index written pages, their recency entries in one call; False for a key that is
+        stored already (nothing changed for it)."""
+        put, db = self._txn.put, self._dbs.pages
+        recency: list[tuple[bytes, bytes]] = []
+        added: list[bool] = []
+        for page in pages:
+            raw = Location.packed(page.slot, page.cls, page.payload_len, self._next_stamp)
+            fresh = put(page.key, raw, db=db, overwrite=False)
+            added.append(fresh)
+            if fresh:
+                recency.append((u64(self._stamp()), page.key))
+                self.bytes_used += HEADER_BYTES + page.payload_len
+        if recency:
+            self._txn.cursor(db=self._dbs.lru).putmulti(recency)
+        return added
 
     def reclaim_pending(self, alive: bool | None) -> int:
         """Free reservations of owners that are gone (``alive`` None: ask the OS per owner;

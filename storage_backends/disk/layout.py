@@ -97,6 +97,11 @@ class Location(NamedTuple):
         return _LOCATION.pack(*self)
 
     @staticmethod
+    def packed(slot: Slot, cls: SlotClass, payload_len: int, stamp: int) -> bytes:
+        """``Location.of(...).pack()`` without building the location."""
+        return _LOCATION.pack(*slot, *cls, payload_len, stamp)
+
+    @staticmethod
     def unpack(raw: bytes | memoryview) -> Location | None:
         """None when ``raw`` is not a location (a damaged index value)."""
         if len(raw) != _LOCATION.size:

@@ -51,7 +51,7 @@ def plan_runs(extents: Sequence[Extent], iovs_per_record: int, parts: int) -> li
     """Group ``extents`` into runs of slots that follow each other, each within the
     kernel's iovec limit and, so that ``parts`` threads share the work, at most
     ``len(extents) / parts`` records long."""
-    order = sorted(range(len(extents)), key=lambda i: extents[i][:2])
+    order = sorted(range(len(extents)), key=extents.__getitem__)  # by segment, offset
     cap = max(1, min(_IOV_MAX // iovs_per_record, -(-len(extents) // max(1, parts))))
     runs: list[Run] = []
     end = -1

@@ -83,7 +83,7 @@ class SegmentFiles:
             _write_direct(fd, offset, bufs)
             return
         written = os.pwritev(fd, bufs, offset)
-        if written != sum(len(buf) for buf in bufs):
+        if written != sum(map(len, bufs)):
             raise OSError(errno.EIO, f"short write: {written} bytes")
 
     def read(self, segment: int, offset: int, bufs: Sequence[bytearray | memoryview]) -> int:
