@@ -1,0 +1,228 @@
+"""``HicacheLinker`` under SGLang 0.5.23's own ``UnifiedRadixCache`` (both tree
+cores, MHA and MLA), built by SGLang's ``registry.create_unified_radix_cache``
+with the ``dynamic`` linker factory, SGLang's pools and ``Req`` objects on CPU.
+
+SGLang's modules load once for this module (``sg``), the slow part (~10-25 s).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hicache.integrations.sglang_cpu import HostPool, sglang_root
+from tests.integrations.sglang.conftest import StartDaemon
+from tests.integrations.sglang.helpers import DYNAMIC, ours
+from tests.integrations.sglang.linker_driver import (
+    HEAD_DIM,
+    HEADS,
+    LAYERS,
+    MODEL,
+    PAGE,
+    Server,
+)
+from tests.integrations.sglang.linker_support import STOOD_IN, SglangModules
+
+RUST_CORE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
+CORES = ["python", "rust"] if importlib.util.find_spec(RUST_CORE) is not None else ["python"]
+TOKENS = list(range(100, 118))  # four whole pages and a partial one
+
+
+@pytest.fixture(scope="module")
+def sg() -> SglangModules:
+    return SglangModules()
+
+
+@pytest.fixture
+def servers() -> Iterator[list[Server]]:
+    """Servers a test built, closed at teardown."""
+    built: list[Server] = []
+    yield built
+    for server in reversed(built):
+        server.close()
+
+
+def file_store(path: Path, **more: Any) -> dict[str, Any]:
+    """A ``file`` store (several openers of one path may share it)."""
+    return {"hicache_config": "default", "backend": "file", "path": str(path), **more}
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def pages_kv(kv: list[torch.Tensor], parts: int, first: int, count: int) -> list[torch.Tensor]:
+    """The rows of pages ``first..first+count`` of per-layer, per-part KV."""
+    rows = slice(first * PAGE, (first + count) * PAGE)
+    return [t[rows] for t in kv][: LAYERS * parts]
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+@pytest.mark.parametrize("core", CORES)
+def test_compute_offload_evict_then_load_layer_by_layer_is_bit_exact(
+    sg: SglangModules, servers: list[Server], tmp_path: Path, core: str, kind: str
+) -> None:
+    server = Server(sg, kind, core, file_store(tmp_path / "store"))
+    servers.append(server)
+    written = server.compute(TOKENS, seed=1)
+    server.settle()
+    server.evict()
+    got = server.fetch(TOKENS)
+    assert (got.device_prefix, len(got.loaded_slots), got.aborted) == (0, 16, False)
+    assert all(same_bits(w, g) for w, g in zip(written, got.kv, strict=True))
+    assert server.linker.stats().failures == {}
+
+
+def test_partial_prefixes_load_only_what_is_stored_past_the_device(
+    sg: SglangModules, servers: list[Server], tmp_path: Path
+) -> None:
+    server = Server(sg, "mha", "python", file_store(tmp_path / "store"))
+    servers.append(server)
+    written = server.compute(TOKENS, seed=2)
+    server.settle()
+    server.evict()
+    # Shares two pages, then diverges: only those two are restorable.
+    other = TOKENS[:8] + [7, 7, 7, 7, 7]
+    got = server.fetch(other)
+    assert (got.device_prefix, len(got.loaded_slots), got.aborted) == (0, 8, False)
+    assert all(same_bits(w[:8], g) for w, g in zip(written, got.kv, strict=True))
+    # Two pages back on the device (computed again): the tail's keys are chained
+    # on the device prefix's, and only pages 2-3 are loaded.
+    server.compute(TOKENS[:8], seed=3)
+    server.settle()
+    got = server.fetch(TOKENS)
+    assert (got.device_prefix, len(got.loaded_slots), got.aborted) == (8, 8, False)
+    assert all(same_bits(w[8:16], g) for w, g in zip(written, got.kv, strict=True))
+
+
+def test_a_damaged_page_aborts_its_request_and_is_then_a_miss(
+    sg: SglangModules, servers: list[Server], tmp_path: Path
+) -> None:
+    server = Server(sg, "mha", "python", file_store(tmp_path / "store"))
+    servers.append(server)
+    written = server.compute(TOKENS, seed=4)
+    server.settle()
+    server.evict()
+    files = sorted(p for p in (tmp_path / "store").rglob("*") if p.is_file() and p.stat().st_size > 512)
+    assert len(files) == 4
+    raw = bytearray(files[0].read_bytes())
+    raw[-1] ^= 0xFF
+    files[0].write_bytes(bytes(raw))
+    first = server.fetch(TOKENS)
+    assert first.aborted  # SGLang aborts it: its slots are never inserted
+    stats = server.linker.stats()
+    assert stats.storage is not None and stats.storage.corrupt == 1
+    assert stats.failures.get("load failed") == 1
+    # The damaged page is gone: what is still stored below it loads, bit-exact.
+    again = server.fetch(TOKENS)
+    assert not again.aborted
+    n = len(again.loaded_slots)
+    assert n < 16
+    assert all(same_bits(w[:n], g) for w, g in zip(written, again.kv, strict=True))
+
+
+def test_a_killed_daemon_is_a_miss_and_a_failed_offload_never_an_error(
+    sg: SglangModules, servers: list[Server], daemon_factory: StartDaemon
+) -> None:
+    daemon = daemon_factory()
+    extra = {"hicache_config": "remote", "endpoint": daemon.endpoint, "timeout_s": 1.0}
+    server = Server(sg, "mha", "python", extra)
+    servers.append(server)
+    written = server.compute(TOKENS, seed=5)
+    server.settle()
+    server.evict()
+    assert all(same_bits(w, g) for w, g in zip(written, server.fetch(TOKENS).kv, strict=True))
+    daemon.kill()
+    got = server.fetch(TOKENS)
+    assert (len(got.loaded_slots), got.aborted) == (0, False)
+    server.compute([9] * 8, seed=6)  # its offload fails; the tree takes the failure
+    server.settle()
+    server.evict()
+    failures = server.linker.stats().failures
+    assert failures.get("offload failed", 0) + failures.get("lookup failed", 0) >= 1
+
+
+def test_the_linker_and_the_l3_adapter_read_each_others_pages(
+    sg: SglangModules, servers: list[Server], tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    server = Server(sg, "mha", "python", file_store(store))
+    servers.append(server)
+    host = HostPool("mha", "page_first", 8, PAGE, LAYERS, HEADS, HEAD_DIM, torch.bfloat16)
+    l3 = ours(host, {**DYNAMIC, **file_store(store)}, model=MODEL)
+    hashes = sg.utils.get_storage_hash_str
+    # Linker -> L3: the L3 adapter reads the pages the linker offloaded.
+    written = server.compute(TOKENS, seed=7)
+    server.settle()
+    keys = hashes(TOKENS[:16], None, page_size=PAGE)
+    assert l3.stats().namespace == server.linker.stats().namespace
+    assert l3.batch_get_v1(keys, host.page_indices(range(4))) == [True] * 4
+    for page in range(4):
+        flat = host.get_data_page(page * PAGE, flat=False)  # (2, page, layers, heads, dim)
+        for layer in range(LAYERS):
+            for part in range(2):
+                want = written[layer * 2 + part][page * PAGE : (page + 1) * PAGE]
+                assert same_bits(flat[part, :, layer], want)
+    # L3 -> linker: pages the L3 adapter stored load into SGLang's device pool.
+    other = list(range(500, 508))
+    for page in range(2):
+        host.fill(4 + page, seed=20 + page)
+    assert l3.batch_set_v1(hashes(other, None, page_size=PAGE), host.page_indices([4, 5])) == [True, True]
+    got = server.fetch(other)
+    assert (len(got.loaded_slots), got.aborted) == (8, False)
+    for layer in range(LAYERS):
+        for part in range(2):
+            want = torch.cat([host.get_data_page((4 + p) * PAGE, flat=False)[part, :, layer] for p in range(2)])
+            assert same_bits(got.kv[layer * 2 + part], want)
+    l3.close()
+
+
+def test_unsupported_models_and_configs_are_refused_at_construction(sg: SglangModules) -> None:
+    linker_module = sg.sglang_linker
+    components = sg.component_type.ComponentType
+    with pytest.raises(ValueError, match="SWA"):
+        linker_module.HicacheLinker(
+            None, None, components={components.FULL, components.SWA}, extra_config={}
+        )
+    full = {components.FULL}
+    with pytest.raises(ValueError, match="unknown key 'endpont'"):
+        linker_module.HicacheLinker(None, None, components=full, extra_config={"endpont": "x"})
+    with pytest.raises(ValueError, match="layout"):
+        linker_module.HicacheLinker(None, None, components=full, extra_config={"layout": "x"})
+
+
+# --- the stand-ins (linker_support) are each still needed ---------------------------------
+
+_MODULE_IMPORT = r"^(?:import|from) {}\b"
+
+
+def _module_level_importers(name: str) -> list[str]:
+    """SGLang's loaded modules whose source imports ``name`` at module level."""
+    pattern = re.compile(_MODULE_IMPORT.format(re.escape(name)), re.MULTILINE)
+    found = []
+    for mod_name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if mod_name.startswith("sglang.") and path and path.endswith(".py"):
+            if pattern.search(Path(path).read_text(encoding="utf-8", errors="replace")):
+                found.append(mod_name)
+    return found
+
+
+def test_each_stand_in_is_still_needed(sg: SglangModules) -> None:
+    for name in STOOD_IN:  # absent here, and imported at module level by SGLang's modules
+        assert importlib.util.find_spec(name) is None, f"{name} is installed: drop its stand-in"
+        assert _module_level_importers(name), f"SGLang no longer imports {name}: drop its stand-in"
+    init = (sglang_root() / "__init__.py").read_text()
+    assert re.search(r"^from sglang\.lang", init, re.MULTILINE), "sglang/__init__ got light"
+    build = inspect.getsource(sg.registry.create_unified_radix_cache)
+    assert "get_memory().enable_unified_cache_external_linker" in build  # server args
+    assert "tp_worker.model_runner.forward_stream" in build  # the TpWorker stand-in
+    assert "register_hicache_layer_transfer_counter" in build
