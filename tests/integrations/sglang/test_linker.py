@@ -18,33 +18,33 @@ from typing import Any
 import pytest
 import torch
 
+from hicache.bench.sglang_linker import Shape
 from hicache.integrations.sglang_cpu import HostPool, sglang_root
 from tests.integrations.sglang.conftest import StartDaemon
 from tests.integrations.sglang.helpers import DYNAMIC, ours
-from tests.integrations.sglang.linker_driver import (
-    HEAD_DIM,
-    HEADS,
-    LAYERS,
-    MODEL,
-    PAGE,
-    Server,
+from tests.integrations.sglang.linker_support import (
+    STOOD_IN,
+    SglangModules,
+    UnifiedServer,
+    sglang_modules,
 )
-from tests.integrations.sglang.linker_support import STOOD_IN, SglangModules
 
 RUST_CORE = "sglang.srt.mem_cache.rust_tree_core.mem_cache"
 CORES = ["python", "rust"] if importlib.util.find_spec(RUST_CORE) is not None else ["python"]
 TOKENS = list(range(100, 118))  # four whole pages and a partial one
+MHA, MLA = Shape("mha", head_dim=8), Shape("mla", head_dim=16)
+PAGE, LAYERS, MODEL = MHA.page_size, MHA.layers, "org/linker-model"
 
 
 @pytest.fixture(scope="module")
 def sg() -> SglangModules:
-    return SglangModules()
+    return sglang_modules()
 
 
 @pytest.fixture
-def servers() -> Iterator[list[Server]]:
+def servers() -> Iterator[list[UnifiedServer]]:
     """Servers a test built, closed at teardown."""
-    built: list[Server] = []
+    built: list[UnifiedServer] = []
     yield built
     for server in reversed(built):
         server.close()
@@ -59,18 +59,12 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
-def pages_kv(kv: list[torch.Tensor], parts: int, first: int, count: int) -> list[torch.Tensor]:
-    """The rows of pages ``first..first+count`` of per-layer, per-part KV."""
-    rows = slice(first * PAGE, (first + count) * PAGE)
-    return [t[rows] for t in kv][: LAYERS * parts]
-
-
 @pytest.mark.parametrize("kind", ["mha", "mla"])
 @pytest.mark.parametrize("core", CORES)
 def test_compute_offload_evict_then_load_layer_by_layer_is_bit_exact(
-    sg: SglangModules, servers: list[Server], tmp_path: Path, core: str, kind: str
+    sg: SglangModules, servers: list[UnifiedServer], tmp_path: Path, core: str, kind: str
 ) -> None:
-    server = Server(sg, kind, core, file_store(tmp_path / "store"))
+    server = UnifiedServer(sg, MHA if kind == "mha" else MLA, core, file_store(tmp_path / "store"))
     servers.append(server)
     written = server.compute(TOKENS, seed=1)
     server.settle()
@@ -82,15 +76,15 @@ def test_compute_offload_evict_then_load_layer_by_layer_is_bit_exact(
 
 
 def test_partial_prefixes_load_only_what_is_stored_past_the_device(
-    sg: SglangModules, servers: list[Server], tmp_path: Path
+    sg: SglangModules, servers: list[UnifiedServer], tmp_path: Path
 ) -> None:
-    server = Server(sg, "mha", "python", file_store(tmp_path / "store"))
+    server = UnifiedServer(sg, MHA, "python", file_store(tmp_path / "store"))
     servers.append(server)
     written = server.compute(TOKENS, seed=2)
     server.settle()
     server.evict()
     # Shares two pages, then diverges: only those two are restorable.
-    other = TOKENS[:8] + [7, 7, 7, 7, 7]
+    other = [*TOKENS[:8], 7, 7, 7, 7, 7]
     got = server.fetch(other)
     assert (got.device_prefix, len(got.loaded_slots), got.aborted) == (0, 8, False)
     assert all(same_bits(w[:8], g) for w, g in zip(written, got.kv, strict=True))
@@ -104,14 +98,16 @@ def test_partial_prefixes_load_only_what_is_stored_past_the_device(
 
 
 def test_a_damaged_page_aborts_its_request_and_is_then_a_miss(
-    sg: SglangModules, servers: list[Server], tmp_path: Path
+    sg: SglangModules, servers: list[UnifiedServer], tmp_path: Path
 ) -> None:
-    server = Server(sg, "mha", "python", file_store(tmp_path / "store"))
+    server = UnifiedServer(sg, MHA, "python", file_store(tmp_path / "store"))
     servers.append(server)
     written = server.compute(TOKENS, seed=4)
     server.settle()
     server.evict()
-    files = sorted(p for p in (tmp_path / "store").rglob("*") if p.is_file() and p.stat().st_size > 512)
+    files = sorted(
+        p for p in (tmp_path / "store").rglob("*") if p.is_file() and p.stat().st_size > 512
+    )
     assert len(files) == 4
     raw = bytearray(files[0].read_bytes())
     raw[-1] ^= 0xFF
@@ -130,11 +126,11 @@ def test_a_damaged_page_aborts_its_request_and_is_then_a_miss(
 
 
 def test_a_killed_daemon_is_a_miss_and_a_failed_offload_never_an_error(
-    sg: SglangModules, servers: list[Server], daemon_factory: StartDaemon
+    sg: SglangModules, servers: list[UnifiedServer], daemon_factory: StartDaemon
 ) -> None:
     daemon = daemon_factory()
     extra = {"hicache_config": "remote", "endpoint": daemon.endpoint, "timeout_s": 1.0}
-    server = Server(sg, "mha", "python", extra)
+    server = UnifiedServer(sg, MHA, "python", extra)
     servers.append(server)
     written = server.compute(TOKENS, seed=5)
     server.settle()
@@ -151,12 +147,12 @@ def test_a_killed_daemon_is_a_miss_and_a_failed_offload_never_an_error(
 
 
 def test_the_linker_and_the_l3_adapter_read_each_others_pages(
-    sg: SglangModules, servers: list[Server], tmp_path: Path
+    sg: SglangModules, servers: list[UnifiedServer], tmp_path: Path
 ) -> None:
     store = tmp_path / "store"
-    server = Server(sg, "mha", "python", file_store(store))
+    server = UnifiedServer(sg, MHA, "python", file_store(store))
     servers.append(server)
-    host = HostPool("mha", "page_first", 8, PAGE, LAYERS, HEADS, HEAD_DIM, torch.bfloat16)
+    host = HostPool("mha", "page_first", 8, PAGE, LAYERS, MHA.heads, MHA.head_dim, torch.bfloat16)
     l3 = ours(host, {**DYNAMIC, **file_store(store)}, model=MODEL)
     hashes = sg.utils.get_storage_hash_str
     # Linker -> L3: the L3 adapter reads the pages the linker offloaded.
@@ -175,12 +171,17 @@ def test_the_linker_and_the_l3_adapter_read_each_others_pages(
     other = list(range(500, 508))
     for page in range(2):
         host.fill(4 + page, seed=20 + page)
-    assert l3.batch_set_v1(hashes(other, None, page_size=PAGE), host.page_indices([4, 5])) == [True, True]
+    assert l3.batch_set_v1(hashes(other, None, page_size=PAGE), host.page_indices([4, 5])) == [
+        True,
+        True,
+    ]
     got = server.fetch(other)
     assert (len(got.loaded_slots), got.aborted) == (8, False)
     for layer in range(LAYERS):
         for part in range(2):
-            want = torch.cat([host.get_data_page((4 + p) * PAGE, flat=False)[part, :, layer] for p in range(2)])
+            want = torch.cat(
+                [host.get_data_page((4 + p) * PAGE, flat=False)[part, :, layer] for p in range(2)]
+            )
             assert same_bits(got.kv[layer * 2 + part], want)
     l3.close()
 
@@ -210,9 +211,10 @@ def _module_level_importers(name: str) -> list[str]:
     found = []
     for mod_name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if mod_name.startswith("sglang.") and path and path.endswith(".py"):
-            if pattern.search(Path(path).read_text(encoding="utf-8", errors="replace")):
-                found.append(mod_name)
+        if not (mod_name.startswith("sglang.") and path and path.endswith(".py")):
+            continue
+        if pattern.search(Path(path).read_text(encoding="utf-8", errors="replace")):
+            found.append(mod_name)
     return found
 
 
