@@ -189,8 +189,14 @@ class UnifiedServer:
         """A forward pass with no cached prefix: the whole pages' KV written into
         fresh slots, then inserted into the tree. Returns the KV written, per
         layer and part."""
-        page = self.shape.page_size
-        n = len(tokens) // page * page
+        n = len(tokens) // self.shape.page_size * self.shape.page_size
+        slots, written = self.write(n, seed)
+        self.insert(tokens[:n], slots)
+        return written
+
+    def write(self, n: int, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``n`` fresh slots filled with seeded KV (the forward's writes): the slots,
+        and the KV per layer and part."""
         slots = self.alloc.alloc(n)
         if slots is None:
             raise RuntimeError(f"device pool full ({n} slots asked)")
@@ -201,8 +207,7 @@ class UnifiedServer:
                 values = torch.randn((n, *buf.shape[1:]), generator=gen).to(buf.dtype)
                 buf[slots] = values
                 written.append(values)
-        self.insert(tokens[:n], slots)
-        return written
+        return slots, written
 
     def insert(self, tokens: list[int], slots: torch.Tensor) -> None:
         """Insert whole pages whose KV is in ``slots`` (the tree offloads new leaves)."""

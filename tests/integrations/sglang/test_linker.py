@@ -228,3 +228,15 @@ def test_each_stand_in_is_still_needed(sg: SglangModules) -> None:
     assert "get_memory().enable_unified_cache_external_linker" in build  # server args
     assert "tp_worker.model_runner.forward_stream" in build  # the TpWorker stand-in
     assert "register_hicache_layer_transfer_counter" in build
+
+
+def test_bench_rows_put_the_linker_against_the_l3_path(sg: SglangModules, tmp_path: Path) -> None:
+    from hicache.bench import sglang as bench
+    from hicache.bench import sglang_linker_rows
+
+    tiny = bench.Geometry(pages=4, page_size=4, layers=2, heads=1, head_dim=8, layout="page_first")
+    rows = sglang_linker_rows.measure(tiny, tmp_path, repeat=1)
+    assert [(r.target, r.op) for r in rows] == [
+        (sglang_linker_rows.TARGET, o) for o in ("set", "get")
+    ]
+    assert all(r.gbps > 0 and r.baseline_gbps > 0 for r in rows)
