@@ -21,8 +21,11 @@ things ``create_unified_radix_cache`` asks of a tp worker.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import sys
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import NamedTuple
@@ -58,7 +61,7 @@ class SglangModules:
 
     def __init__(self) -> None:
         enter_sglang()
-        with unused_imports_stubbed() as finder:
+        with _without_vllm_stand_ins(), unused_imports_stubbed() as finder:
             self.by_name: dict[str, ModuleType] = {
                 name.rsplit(".", 1)[-1]: importlib.import_module(name) for name in MODULES
             }
@@ -69,6 +72,28 @@ class SglangModules:
             return self.by_name[name]
         except KeyError:
             raise AttributeError(name) from None
+
+
+@contextlib.contextmanager
+def _without_vllm_stand_ins() -> Iterator[None]:
+    """Hide the vLLM tests' grammar-engine stand-ins (``hicache.integrations.vllm_cpu``)
+    while SGLang is imported: SGLang probes for ``xgrammar`` and would take an empty
+    stand-in for the real engine. They are put back as they were."""
+    finders = [f for f in sys.meta_path if type(f).__module__.endswith("vllm_cpu")]
+    hidden = {
+        name: module
+        for name, module in sys.modules.items()
+        if type(module).__module__.endswith("vllm_cpu")
+    }
+    for finder in finders:
+        sys.meta_path.remove(finder)
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.meta_path.extend(finders)
+        sys.modules.update(hidden)
 
 
 class _ModelRunner:
