@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import re
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from hicache.bench.sglang_linker import Shape
+from hicache.bench.sglang_linker import Fetched, Shape
 from hicache.integrations.sglang_cpu import HostPool, sglang_root
+from tests.integrations.sglang import stuck_store
 from tests.integrations.sglang.conftest import StartDaemon
 from tests.integrations.sglang.helpers import DYNAMIC, ours
 from tests.integrations.sglang.linker_support import (
@@ -240,3 +242,29 @@ def test_bench_rows_put_the_linker_against_the_l3_path(sg: SglangModules, tmp_pa
         (sglang_linker_rows.TARGET, o) for o in ("set", "get")
     ]
     assert all(r.gbps > 0 and r.baseline_gbps > 0 for r in rows)
+
+
+@pytest.mark.parametrize("stuck", ["StuckLookup", "StuckRead"])
+def test_a_store_that_never_answers_is_a_miss_or_a_failed_load_within_its_timeout(
+    sg: SglangModules, servers: list[UnifiedServer], stuck: str
+) -> None:
+    backend = f"tests.integrations.sglang.stuck_store:{stuck}"
+    extra = {"hicache_config": "remote", "backend": backend, "timeout_s": 0.2}
+    server = UnifiedServer(sg, MHA, "python", extra)
+    servers.append(server)
+    stuck_store.RELEASE.clear()
+    fetched: list[Fetched] = []
+    # SGLang's scheduler thread: its waits must end (bounded) while the store hangs.
+    scheduler = threading.Thread(target=lambda: fetched.append(server.fetch(TOKENS)))
+    scheduler.start()
+    scheduler.join(60)
+    stuck_store.RELEASE.set()
+    assert not scheduler.is_alive() and len(fetched) == 1
+    got = fetched[0]
+    failures = server.linker.stats().failures
+    if stuck == "StuckLookup":  # a miss: nothing to load
+        assert (len(got.loaded_slots), got.aborted) == (0, False)
+        assert failures == {"lookup timed out": 1}
+    else:  # found, then the read never answers: SGLang aborts the request
+        assert (len(got.loaded_slots), got.aborted) == (16, True)
+        assert failures == {"load failed": 1}
