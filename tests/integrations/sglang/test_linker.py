@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import re
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -268,3 +269,30 @@ def test_a_store_that_never_answers_is_a_miss_or_a_failed_load_within_its_timeou
     else:  # found, then the read never answers: SGLang aborts the request
         assert (len(got.loaded_slots), got.aborted) == (16, True)
         assert failures == {"load failed": 1}
+
+
+def test_a_linker_server_reads_what_another_process_stored_through_one_daemon(
+    sg: SglangModules, servers: list[UnifiedServer], daemon_factory: StartDaemon
+) -> None:
+    """The other "server" is the L3 adapter in its own process (share_worker: it
+    needs no SGLang tree, so it starts in seconds), on the linker's page geometry."""
+    endpoint = daemon_factory().endpoint
+    worker = [sys.executable, "-m", "tests.integrations.sglang.share_worker", endpoint]
+    out = subprocess.run(
+        [*worker, "m2", "0", "300", "4", "1"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "4"
+    shape = Shape("mha", layers=2, heads=2, head_dim=8)  # share_worker's HostPool geometry
+    server = UnifiedServer(sg, shape, "python", {"endpoint": endpoint}, model="m2")
+    servers.append(server)
+    got = server.fetch(list(range(300, 316)))
+    assert (len(got.loaded_slots), got.aborted) == (16, False)
+    source = HostPool("mha", "page_first", 4)
+    for page in range(4):
+        source.fill(page, 300 + page)  # what the other process wrote
+    for layer in range(2):
+        for part in range(2):
+            pages = [source.get_data_page(p * PAGE, flat=False) for p in range(4)]
+            want = torch.cat([page[part, :, layer] for page in pages])
+            assert same_bits(got.kv[layer * 2 + part], want)
