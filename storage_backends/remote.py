@@ -1,9 +1,10 @@
 """RemoteBackend: the StorageBackend of a shared cache daemon (``hicache serve``) over ZeroMQ.
 
 Every call is bounded: a daemon that is down, slow or restarting turns lookups
-into misses and puts into failures after at most ``storage.timeout_s``, and
-once ``storage.breaker_failures`` requests in a row have failed, calls fail
-fast until a probe gets through again (``storage_backends.breaker``): every
+into misses and puts into failures after at most ``storage.timeout_s``. The
+first request left unanswered (or a socket error) opens the breaker, as do
+``storage.breaker_failures`` BUSY/INTERNAL replies in a row; while it is open
+calls fail fast until a probe gets through again (``storage_backends.breaker``): every
 ``storage.breaker_cooldown_s`` one caller first sends a PING, and its answer
 closes the breaker, so hits come back within one cool-down of the daemon.
 """
@@ -381,7 +382,9 @@ class RemoteBackend:
     def _exchange(self, op: Op, requests: list[Request], kind: type[_R]) -> list[_R | None]:
         """``_call`` once admitted: the exchange, its counters and the breaker's record."""
         self._count("requests", len(requests))
-        peer_ok = False
+        # Until shown otherwise the peer is down: an exception, a timeout or a socket
+        # error opens the breaker at once, so one call, not several, waits on a dead daemon.
+        record: Callable[[], None] = self._breaker.record_down
         try:
             channel = self._channel()
             outcome = channel.exchange(op, requests, self._config.timeout_s)
@@ -390,18 +393,17 @@ class RemoteBackend:
                 self._hint_once()
             self._count("bad_replies", outcome.bad)
             typed = [self._typed(reply, kind) for reply in outcome.replies]
-            peer_ok = outcome.timed_out == 0 and not any(
-                isinstance(r, ErrorReply) and r.code in _PEER_FAILURES for r in outcome.replies
-            )
+            if outcome.timed_out == 0:
+                busy = any(
+                    isinstance(r, ErrorReply) and r.code in _PEER_FAILURES for r in outcome.replies
+                )  # the daemon answered: only a run of such replies opens the breaker
+                record = self._breaker.record_failure if busy else self._breaker.record_success
             return typed
         except zmq.ZMQError as e:
             logger.warning("daemon link %s failed: %s", self._config.endpoint, e)
             self._drop_channel()  # the next call starts on a new socket
             return [None] * len(requests)
         finally:
-            record: Callable[[], None] = (
-                self._breaker.record_success if peer_ok else self._breaker.record_failure
-            )
             record()
 
     def _probe(self) -> bool:
