@@ -266,8 +266,7 @@ class RemoteBackend:
         (reply,) = self._call(Op.STATS, [Request(Op.STATS, 0)], StatsReply)
         if reply is not None:
             self._size = _Size(*(int(reply.stats.get(name, 0)) for name in DAEMON_SIZE_STATS))
-        link = self.link_stats()
-        failed = link.timeouts + link.fast_fails + link.error_replies + link.bad_replies
+        failed = self.failed_calls()
         snap = self._counters.snapshot(*self._size)
         # A request the daemon did not answer (or refused) was a miss or a failed
         # put for the caller: count it where every backend counts such calls.
@@ -283,6 +282,12 @@ class RemoteBackend:
             breaker_opens=self._breaker.times_opened,
             breaker_state=self._breaker.state.value,
         )
+
+    def failed_calls(self) -> int:
+        """Requests that got no usable answer: timed out, refused by the open breaker,
+        answered with an error or a broken reply (``FailedCalls``; no I/O)."""
+        link = self.link_stats()
+        return link.timeouts + link.fast_fails + link.error_replies + link.bad_replies
 
     def ping(self) -> str | None:
         """The daemon's version string, or None if it did not answer in time."""
