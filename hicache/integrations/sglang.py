@@ -68,6 +68,7 @@ from hicache.integrations.common import (
     resolve_storage_config,
 )
 from storage_backends.base import StorageBackend, StorageStats
+from storage_backends.scatter import get_scatter
 
 logger = logging.getLogger(__name__)
 
@@ -356,21 +357,18 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
 
     def _get_v1(self, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
         geometry = self._check_indices(keys, host_indices)
-        chunks = self._pool_chunks(host_indices, len(keys)) if geometry.zero_copy else []
-        if chunks and len(chunks[0]) == 1:  # each page is one run of host memory: read into it
-            views = [c[0] for c in chunks]
-        else:
-            views = self._staging(len(keys))
         start = time.perf_counter()
+        if geometry.zero_copy:  # straight into each page's runs (an MHA page: K and V)
+            chunks = self._pool_chunks(host_indices, len(keys))
+            hits = get_scatter(self._backend, self._keys(keys), list(chunks))
+            self._measure("prefetch", hits, start)
+            return hits
+        views = self._staging(len(keys))
         hits = self._backend.get(self._keys(keys), views)
         self._measure("prefetch", hits, start)
-        if chunks and len(chunks[0]) == 1:
-            return hits
         starts: list[int] = host_indices[:: geometry.indices].tolist()
         for i, hit in enumerate(hits):
-            if hit and chunks:
-                _scatter(views[i], chunks[i])
-            elif hit:
+            if hit:
                 flat = torch.frombuffer(views[i], dtype=torch.uint8).view(geometry.dtype)
                 self.mem_pool_host.set_from_flat_data_page(starts[i], flat)
         return hits
@@ -496,13 +494,6 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
             self._meter.record(
                 kind, pages, pages * self._geometry.nbytes, time.perf_counter() - start
             )
-
-
-def _scatter(page: memoryview, chunks: list[memoryview]) -> None:
-    offset = 0
-    for chunk in chunks:
-        chunk[:] = page[offset : offset + len(chunk)]
-        offset += len(chunk)
 
 
 def _gather(chunks: list[memoryview], page: memoryview) -> memoryview:
