@@ -64,6 +64,7 @@ from hicache.integrations.common import (
     FailureLog,
     Keyer,
     Namespace,
+    backend_errors,
     open_backend,
     resolve_storage_config,
 )
@@ -95,11 +96,17 @@ class PageGeometry(NamedTuple):
 
 @dataclass(frozen=True)
 class AdapterStats:
-    """The backend's counters plus the adapter's own failures by kind."""
+    """The backend's counters plus the adapter's own failures by kind.
+
+    ``backend_errors``: backend calls that failed other than by a miss (no reply
+    in time, the daemon down or refusing, an error reply, an exception); while
+    it rises, misses mean an unreachable store, not evicted pages.
+    """
 
     storage: StorageStats | None
     failures: dict[str, int]
     namespace: str
+    backend_errors: int
 
 
 def engine_key(text: str) -> bytes:
@@ -480,7 +487,8 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
     def stats(self) -> AdapterStats:
         """The backend's counters and this adapter's failures (never raises)."""
         storage = self._log.call("stats failed", self._backend.stats, None)
-        return AdapterStats(storage, self._log.counts(), self._namespace)
+        errors = backend_errors(self._backend)
+        return AdapterStats(storage, self._log.counts(), self._namespace, errors)
 
     def close(self) -> None:
         """Close the backend; idempotent. Calls after it are misses."""

@@ -67,12 +67,13 @@ from hicache.integrations.common import (
     FailureLog,
     Keyer,
     Namespace,
+    backend_errors,
     open_backend,
     resolve_storage_config,
 )
 from hicache.integrations.removals import RemovalMap
 from hicache.integrations.vllm_jobs import FinishedJob, JobOutcome, TierJobRunner
-from storage_backends.base import FailedCalls, StorageBackend
+from storage_backends.base import StorageBackend
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -279,7 +280,7 @@ class HicacheTier(SecondaryTierManager):
         }
 
     def get_stats(self) -> OffloadingConnectorStats | None:
-        errors = self._failures.total() + self._backend_failed_calls()
+        errors = self._failures.total() + backend_errors(self._backend)
         self._counts[TierMetrics.BACKEND_ERRORS] += errors - self._errors_reported
         self._errors_reported = errors
         if not any(self._counts.values()):
@@ -299,14 +300,6 @@ class HicacheTier(SecondaryTierManager):
         return {"hicache_backend": self.storage_config.backend}
 
     # --- ours ---------------------------------------------------------------------------
-
-    def _backend_failed_calls(self) -> int:
-        """Backend calls that failed other than by a miss (a daemon down or refusing),
-        as the backend counts them without I/O; 0 where it does not."""
-        backend = self._backend
-        if not isinstance(backend, FailedCalls):
-            return 0
-        return self._failures.call("backend failures", backend.failed_calls, 0)
 
     def _collect_removals(self, events: list[OffloadingEvent]) -> None:
         """Removal events for the pages the store removed that this tier announced."""

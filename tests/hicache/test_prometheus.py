@@ -116,3 +116,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_a_dead_daemon_shows_as_backend_errors() -> None:
+    # Nobody listens: the first request times out and opens the breaker, the rest fail
+    # fast; each is a backend error, not only a miss or a failed put.
+    from tests.storage_backends.test_remote_link import free_endpoint
+
+    store = StorageConfig(backend="remote", endpoint=free_endpoint(), timeout_s=0.2)
+    base = two_tier(4, pages=16, storage=store)
+    cfg = replace(base.config, metrics=MetricsConfig(port=free_port()))
+    base.close()
+    cache = HiRadixCache(cfg)
+    serve(cache, [9000 + i for i in range(16)])
+    cache.drain()
+    got = scrape(cfg.metrics.port)
+    cache.close()
+    errors = value(got["hicache_storage_backend_errors"], "hicache_storage_backend_errors_total")
+    failed = value(got["hicache_storage_backend_writes"], "hicache_storage_backend_writes_total",
+                   outcome="failed")  # fmt: skip
+    assert errors >= 2 and failed > 0

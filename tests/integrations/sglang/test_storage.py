@@ -325,3 +325,20 @@ def test_v1_pages_are_read_straight_into_their_runs(kind: str) -> None:
     for page in range(PAGES):
         assert torch.equal(pool.get_data_page(page), expected.get_data_page(page))
     backend.close()
+
+
+def test_a_dead_daemon_is_counted_as_backend_errors(daemon_factory: StartDaemon) -> None:
+    daemon = daemon_factory()
+    pool = filled()
+    backend = ours(pool, remote_extra(daemon.endpoint, timeout_s=0.3))  # breaker_failures 3
+    keys, indices = keys_for(31), pool.page_indices(range(PAGES))
+    assert backend.batch_set_v1(keys, indices) == [True] * PAGES
+    assert backend.stats().backend_errors == 0
+    daemon.kill()
+    assert backend.batch_exists(keys) == 0  # the one call that waits
+    after_one = backend.stats().backend_errors
+    assert after_one >= 1
+    assert backend.batch_get_v1(keys, indices) == [False] * PAGES  # fails fast, counted too
+    assert backend.stats().backend_errors > after_one
+    assert backend.stats().failures == {}  # no exception reached the adapter
+    backend.close()

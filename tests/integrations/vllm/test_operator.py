@@ -12,7 +12,12 @@ import pytest
 from vllm.v1.kv_offload.base import Medium, OffloadingEvent
 
 from hicache.integrations.vllm import HicacheTier, TierMetrics
-from hicache.integrations.vllm_cpu import PrimaryBuffer, TierDriver, cpu_offloading_spec, create_tier
+from hicache.integrations.vllm_cpu import (
+    PrimaryBuffer,
+    TierDriver,
+    cpu_offloading_spec,
+    create_tier,
+)
 from storage_backends.page_format import HEADER_BYTES
 from tests.integrations.vllm.helpers import CHUNK, key, lmdb_tier, payload, remote_tier
 from tests.storage_backends.test_remote_link import free_endpoint
@@ -65,7 +70,7 @@ def test_evicted_pages_are_sent_as_removals(tmp_path: Path) -> None:
 
 
 def test_a_dead_daemon_counts_as_backend_errors() -> None:
-    tier, primary = make_evented(remote_tier(free_endpoint(), timeout_s=0.2))
+    tier, _ = make_evented(remote_tier(free_endpoint(), timeout_s=0.2))
     driver = TierDriver(tier)
     try:
         assert not driver.jobs([([key(1)], [1])], True)[0].success
