@@ -40,9 +40,10 @@ from storage_backends.breaker import Admission, CircuitBreaker
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
-from storage_backends.page_format import HEADER_BYTES, Verdict, copy_verified
+from storage_backends.page_format import HEADER_BYTES, Verdict
 from storage_backends.record_arena import RecordArena
 from storage_backends.remote_channel import Channel, CurveKeys
+from storage_backends.scatter import Runs, check_scatter, copy_verified_runs, total
 
 logger = logging.getLogger(__name__)
 
@@ -174,8 +175,15 @@ class RemoteBackend:
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
-        views = check_batch(keys, dst, writable=True)
-        parts = chunks([len(v) for v in views])
+        return self._get_runs(keys, [[view] for view in check_batch(keys, dst, writable=True)])
+
+    def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
+        self._check_open()
+        return self._get_runs(keys, check_scatter(keys, dst))
+
+    def _get_runs(self, keys: Sequence[bytes], views: list[Runs]) -> list[bool]:
+        """Verified pages from the daemon into their runs (``get`` and ``get_scatter``)."""
+        parts = chunks([total(runs) for runs in views])
         requests = [Request(Op.GET, 0, tuple(keys[c.start : c.stop])) for c in parts]
         hits = [False] * len(keys)
         corrupt: list[bytes] = []
@@ -193,7 +201,7 @@ class RemoteBackend:
         part: _Chunk,
         reply: GetReply,
         keys: Sequence[bytes],
-        views: list[memoryview],
+        views: list[Runs],
         hits: list[bool],
     ) -> list[bytes]:
         """Verify and copy one reply's pages; return the keys of damaged ones."""
@@ -205,7 +213,7 @@ class RemoteBackend:
         for i, found in zip(range(part.start, part.stop), reply.found, strict=True):
             if not found:
                 continue
-            verdict = copy_verified(memoryview(next(records)), keys[i], views[i])
+            verdict = copy_verified_runs(memoryview(next(records)), keys[i], views[i])
             hits[i] = verdict is Verdict.OK
             if verdict.corrupt:
                 corrupt.append(keys[i])
