@@ -203,7 +203,7 @@ class HicacheTier(SecondaryTierManager):
         self._flat = primary_kv_view.cast("B")
         self._num_chunks = len(self._flat) // self.block_size_bytes
         try:
-            self._runner = TierJobRunner(workers, self._failures, name=f"hicache-{tier_type}")
+            self._runner = TierJobRunner(workers, self._failures, name=f"hicache-vllm-{tier_type}")
             self._lookup = _StoreLookup(self, tier_type)
         except BaseException:
             self._flat.release()
@@ -309,15 +309,15 @@ class HicacheTier(SecondaryTierManager):
             events.append(self._event(keys, removed=True))
 
     def _event(self, keys: list[OffloadKey], removed: bool) -> OffloadingEvent:
-        # Owned and expecting a removal, as vLLM's own evicting tiers announce theirs:
-        # vLLM then keeps the chunk's metadata until this tier's removal.
+        # Owned by this tier, as vLLM's own evicting tiers announce theirs, but with no
+        # removal promised: pages the daemon or another process evicts never show up in
+        # take_removed, and a promise would keep vLLM's metadata for them forever.
         return OffloadingEvent(
             keys=keys,
             medium=Medium.STORAGE,
             removed=removed,
             locality=self.locality,
             ownership=self.tier_type,
-            removal_expected=True,
         )
 
     def batch_present(self, keys: Sequence[OffloadKey]) -> list[bool]:

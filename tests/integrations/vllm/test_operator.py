@@ -63,7 +63,7 @@ def test_evicted_pages_are_sent_as_removals(tmp_path: Path) -> None:
         removed = [k for e in events if e.removed for k in e.keys]
         assert stored == [key(i) for i in range(4)] and removed == [key(0)]
         assert all(e.medium is Medium.STORAGE and e.ownership == tier.tier_type for e in events)
-        assert all(e.removal_expected for e in events)
+        assert not any(e.removal_expected for e in events)  # not all removals are seen
         assert list(tier.take_events()) == []
     finally:
         tier.shutdown()
