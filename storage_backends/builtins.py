@@ -14,6 +14,6 @@ BUILTIN_BACKENDS: MappingProxyType[str, str] = MappingProxyType(
         "file": "storage_backends.file_backend:FileBackend",
         "redis": "storage_backends.redis_backend:RedisBackend",
         "mooncake": "storage_backends.mooncake_backend:MooncakeBackend",
-        "remote": "storage_backends.remote:RemoteBackend",
+        "remote": "storage_backends.remote.client:RemoteBackend",
     }
 )

@@ -12,7 +12,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from hicache.cache import HiRadixCache
-from hicache.config import EventsConfig, MetricsConfig
+from hicache.config.cache import EventsConfig, MetricsConfig
 from hicache.daemon.metrics import DaemonMetrics
 from hicache.daemon.store import StoreSize
 from hicache.daemon.writer import WriterStats

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from hicache.cli_common import at_least
+from hicache.config.flags import at_least
 from hicache.integrations.sglang_cpu import Controller, HostPool, chain_hashes, enter_sglang
 
 BATCHES = (1, 4, 16)

@@ -26,7 +26,7 @@ import xxhash
 
 from hicache.bench import storage_targets
 from hicache.bench.storage_targets import Target, open_target
-from hicache.cli_common import at_least
+from hicache.config.flags import at_least
 from storage_backends import StorageBackend, create
 
 PAGE_SIZES = (64 << 10, 512 << 10, 2 << 20)

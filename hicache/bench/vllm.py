@@ -22,7 +22,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from hicache.cli_common import at_least
+from hicache.config.flags import at_least
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadKey

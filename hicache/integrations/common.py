@@ -39,8 +39,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from hicache.config import CacheConfig
-from hicache.shipped import resolve_config
+from hicache.config.cache import CacheConfig
+from hicache.config.shipped import resolve_config
 from storage_backends.base import FailedCalls, StorageBackend
 from storage_backends.config import StorageConfig
 from storage_backends.guard import open_guarded

@@ -9,10 +9,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from hicache.cache import HiRadixCache
-from hicache.config import MetricsConfig
-from hicache.events import PublisherStats
-from hicache.metrics import CacheMetrics, CacheStats
-from hicache.prometheus import COUNTERS, Gauges, MetricsServer
+from hicache.config.cache import MetricsConfig
+from hicache.events.kv import PublisherStats
+from hicache.observe.metrics import CacheMetrics, CacheStats
+from hicache.observe.prometheus import COUNTERS, Gauges, MetricsServer
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from hicache.bench.processes import ServerProcess, start_daemon
-from hicache.daemon.auth import keygen
 from storage_backends import StorageConfig, create
 from storage_backends.base import ScatterGet
-from storage_backends.remote import RemoteBackend
+from storage_backends.remote.client import RemoteBackend
+from storage_backends.remote.keys import keygen
 from tests.polling import wait_until
 
 DAEMON_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "daemon.toml"

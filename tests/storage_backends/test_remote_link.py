@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from storage_backends import StorageClosedError, StorageConfig, StorageOpenError, create
-from storage_backends.remote import REQUEST_BYTES, REQUEST_KEYS, RemoteBackend, chunks
+from storage_backends.remote.client import REQUEST_BYTES, REQUEST_KEYS, RemoteBackend, chunks
 
 PAGE = 4096
 

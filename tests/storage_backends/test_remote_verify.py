@@ -15,7 +15,10 @@ import msgpack
 import pytest
 import zmq
 
-from hicache.daemon.protocol import (
+from storage_backends import StorageConfig, create
+from storage_backends.page_format import HEADER_BYTES, encode_page
+from storage_backends.remote.client import RemoteBackend
+from storage_backends.remote.protocol import (
     DeleteReply,
     ErrorCode,
     ErrorReply,
@@ -28,9 +31,6 @@ from hicache.daemon.protocol import (
     decode_request,
     encode_reply,
 )
-from storage_backends import StorageConfig, create
-from storage_backends.page_format import HEADER_BYTES, encode_page
-from storage_backends.remote import RemoteBackend
 from tests.polling import wait_until
 
 PAGE = 1024

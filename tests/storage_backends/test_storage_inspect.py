@@ -10,8 +10,8 @@ import lmdb
 import pytest
 
 from hicache.cli import main
-from hicache.config import CacheConfig
-from hicache.hashing import model_fingerprint
+from hicache.config.cache import CacheConfig
+from hicache.keys.hashing import model_fingerprint
 from storage_backends import StorageConfig, create
 from storage_backends.inspect import summarize, verify
 
