@@ -348,7 +348,7 @@ class FileBackend:
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=_TMP_PREFIX)
             try:
                 _write_all(fd, [memoryview(build_header(key, view)), view])
-                if self._config.sync:
+                if self._config.sync_level.fsync_index:  # its data is its index
                     os.fsync(fd)
             finally:
                 os.close(fd)

@@ -197,7 +197,7 @@ def _open_env(path: Path, config: StorageConfig) -> lmdb.Environment:
             subdir=True,
             max_dbs=4,
             metasync=False,
-            sync=config.sync,
+            sync=config.sync_level.fsync_index,
             max_spare_txns=4,
         )
     except lmdb.Error as exc:

@@ -1,4 +1,4 @@
-"""Look inside a store directory (lmdb or file backend): inspect, verify.
+"""Look inside a store directory (disk, lmdb or file backend): inspect, verify.
 
 hicache store inspect PATH   pages, bytes, page sizes, fingerprint, and
                              which model (of --config) the fingerprint is
