@@ -62,6 +62,7 @@ from hicache.integrations.common import (
     FailureLog,
     Keyer,
     Namespace,
+    backend_errors,
     open_backend,
     resolve_storage_config,
 )
@@ -472,7 +473,8 @@ class HicacheLinker(UnifiedCacheLinker):  # type: ignore[misc]
     def stats(self) -> AdapterStats:
         """The backend's counters and this linker's failures by kind (never raises)."""
         storage = self._log.call("stats failed", self._backend.stats, None)
-        return AdapterStats(storage, self._log.counts(), self.namespace.describe())
+        errors = backend_errors(self._backend)
+        return AdapterStats(storage, self._log.counts(), self.namespace.describe(), errors)
 
 
 class _LoadJob:
