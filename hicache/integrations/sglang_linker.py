@@ -184,6 +184,7 @@ class HicacheLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._writer = self.device_pages.kind == "mha" or ranks.tp_rank == 0
         self._pin = self.device_pages.device.type == "cuda"
         self._streams = threading.local()
+        self._staging = _StagingBuffers(self.device_pages, self._pin)
         self._log = FailureLog(logger)
         self._lock = threading.Lock()
         self._queued: dict[str, _Load] = {}
@@ -293,10 +294,14 @@ class HicacheLinker(UnifiedCacheLinker):  # type: ignore[misc]
 
     def _run_load(self, job: _LoadJob) -> bool:
         try:
-            staging = self.device_pages.staging(len(job.keys), self._pin)
+            staging = self._staging.take("load", len(job.keys))
             views = _page_views(staging, self.device_pages.shape.nbytes)
             read = self._reads.submit(self._backend.get, job.keys, views)
-            hits = read.result(self.timeout_s)
+            try:
+                hits = read.result(self.timeout_s)
+            except FutureTimeout:
+                self._staging.drop("load")  # a late read may still write into it
+                raise
             if not all(hits):
                 missing = len(hits) - sum(hits)
                 raise LookupError(f"{missing} of {len(hits)} pages missing or damaged in the store")
@@ -400,7 +405,7 @@ class HicacheLinker(UnifiedCacheLinker):  # type: ignore[misc]
 
     def _copy_out(self, ids: torch.Tensor) -> torch.Tensor:
         pages = self.device_pages
-        staging = pages.staging(len(ids), self._pin)
+        staging = self._staging.take("offload", len(ids))
         stream = self._copy_stream()
         with _on_stream(stream):
             for layer in range(pages.shape.layers):
@@ -501,6 +506,31 @@ class _LoadJob:
         with self._lock:
             self.aborted = True
             counter.fail(self.index, exc)
+
+
+class _StagingBuffers:
+    """One reused staging tensor per use ("load": the loader thread, "offload": the
+    offload thread), grown on demand: fresh memory costs a page fault per 4 KiB
+    on the first touch, the store's read or write of a whole batch. Each use is
+    one thread's; ``drop`` forgets a buffer that a late read may still fill."""
+
+    def __init__(self, pages: DevicePages, pin: bool) -> None:
+        self._pages, self._pin = pages, pin
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    def take(self, use: str, count: int) -> torch.Tensor:
+        """``count`` pages of the ``use``'s buffer (as ``(count, *page shape)``)."""
+        with self._lock:
+            buf = self._buffers.get(use)
+            if buf is None or buf.shape[0] < count:
+                buf = self._pages.staging(count, self._pin)
+                self._buffers[use] = buf
+        return buf[:count]
+
+    def drop(self, use: str) -> None:
+        with self._lock:
+            self._buffers.pop(use, None)
 
 
 def _page_views(staging: torch.Tensor, nbytes: int) -> list[memoryview]:
