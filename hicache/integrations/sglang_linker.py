@@ -75,6 +75,7 @@ from hicache.integrations.sglang import (
 )
 from hicache.integrations.sglang_linker_pages import LAYOUTS, DevicePages
 from storage_backends.base import StorageBackend
+from storage_backends.config import StorageConfig
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,28 @@ def served_model_name(server_args: object) -> str:
     return str(name or "")
 
 
+def _linker_config(extra: Mapping[str, object]) -> tuple[str, StorageConfig]:
+    """The stored layout and the storage config of ``linker_extra_config``; ValueError
+    for a bad layout or an unknown or bad key."""
+    layout = str(extra.get("layout", "page_first"))
+    if layout not in LAYOUTS:
+        raise ValueError(f"{_SOURCE}: layout must be one of {LAYOUTS}, got {layout!r}")
+    config = resolve_storage_config(
+        str(extra.get("hicache_config", DEFAULT_HICACHE_CONFIG)), extra, LINKER_KEYS, _SOURCE
+    )
+    return layout, config
+
+
+def _workers() -> tuple[ThreadPoolExecutor, ...]:
+    """Lookup, loader, store-read and offload threads (see the module doc)."""
+    return (
+        ThreadPoolExecutor(2, thread_name_prefix="hicache-linker-lookup"),
+        ThreadPoolExecutor(1, thread_name_prefix="hicache-linker-load"),
+        ThreadPoolExecutor(2, thread_name_prefix="hicache-linker-read"),
+        ThreadPoolExecutor(1, thread_name_prefix="hicache-linker-offload"),
+    )
+
+
 class HicacheLinker(UnifiedCacheLinker):  # type: ignore[misc]
     """SGLang's ``UnifiedCacheLinker`` over a hicache store (see the module doc).
 
@@ -164,12 +187,7 @@ class HicacheLinker(UnifiedCacheLinker):  # type: ignore[misc]
     ) -> None:
         refuse_unsupported(components)
         extra = dict(extra_config or {})
-        layout = str(extra.get("layout", "page_first"))
-        if layout not in LAYOUTS:
-            raise ValueError(f"{_SOURCE}: layout must be one of {LAYOUTS}, got {layout!r}")
-        config = resolve_storage_config(
-            str(extra.get("hicache_config", DEFAULT_HICACHE_CONFIG)), extra, LINKER_KEYS, _SOURCE
-        )
+        layout, config = _linker_config(extra)
         page_size = int(params.page_size)  # type: ignore[attr-defined]
         kvcache = params.token_to_kv_pool_allocator.get_kvcache()  # type: ignore[attr-defined]
         self.device_pages = DevicePages(kvcache, page_size, layout)
@@ -191,10 +209,7 @@ class HicacheLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._loading: dict[int, _LoadJob] = {}
         self._offloads: deque[Future[bool]] = deque()
         self._backend: StorageBackend = open_backend(config)
-        self._lookups = ThreadPoolExecutor(2, thread_name_prefix="hicache-linker-lookup")
-        self._loader = ThreadPoolExecutor(1, thread_name_prefix="hicache-linker-load")
-        self._reads = ThreadPoolExecutor(2, thread_name_prefix="hicache-linker-read")
-        self._offloader = ThreadPoolExecutor(1, thread_name_prefix="hicache-linker-offload")
+        self._lookups, self._loader, self._reads, self._offloader = _workers()
         logger.info(
             "hicache linker for SGLang: backend %s, namespace %s",
             config.backend,
