@@ -87,9 +87,9 @@ class StorageConfig:
     key_prefix: str = "hicache"
     # remote: CURVE is on when both key files are set (a client certificate with its
     # secret key, and the daemon's public certificate, as ``hicache keygen`` writes
-    # them). Breaker: after ``breaker_failures`` failed requests in a row, calls fail
-    # fast for ``breaker_cooldown_s`` (doubling while the daemon stays away, up to 8×)
-    # instead of each waiting.
+    # them). Breaker: a request left unanswered (or a dropped connection) opens it at
+    # once, as do ``breaker_failures`` BUSY/INTERNAL replies in a row; open, calls fail
+    # fast for ``breaker_cooldown_s``, then one PING probes the daemon.
     curve_client_key: str = ""
     curve_server_key: str = ""
     breaker_failures: int = 3

@@ -17,13 +17,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from storage_backends.base import StorageBackend, StorageStats
+from storage_backends.base import FailedCalls, StorageBackend, StorageStats
 from storage_backends.batch import check_batch, check_keys
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StoreDamagedError
 from storage_backends.log_limit import LogLimiter
 from storage_backends.registry import create
+from storage_backends.scatter import check_scatter, get_scatter
 from storage_backends.store_dir import quarantine_store
 from storage_backends.store_kind import as_found
 
@@ -70,6 +71,17 @@ class GuardedBackend:
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         check_batch(keys, dst, writable=True)
         return self._call("get", lambda b: b.get(keys, dst), [False] * len(keys))
+
+    def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
+        check_scatter(keys, dst)
+        return self._call("get", lambda b: get_scatter(b, keys, dst), [False] * len(keys))
+
+    def failed_calls(self) -> int:
+        """Calls that raised here plus the backend's own failed calls, where it counts
+        them without I/O (``FailedCalls``); no I/O, thread-safe."""
+        backend = self._backend
+        inner = backend.failed_calls() if isinstance(backend, FailedCalls) else 0
+        return self._counters.snapshot(0, 0, 0).errors + inner
 
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         check_batch(keys, src, writable=False)

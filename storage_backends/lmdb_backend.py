@@ -37,10 +37,10 @@ from storage_backends.lmdb_clean import OpenLock, OpenState
 from storage_backends.page_format import (
     HEADER_BYTES,
     Verdict,
-    copy_verified,
     encode_page,
     validate,
 )
+from storage_backends.scatter import Runs, check_scatter, copy_verified_runs
 from storage_backends.store_dir import (
     StoreMeta,
     prepare_store_dir,
@@ -394,15 +394,22 @@ class LmdbBackend:
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
-        views = check_batch(keys, dst, writable=True)
+        return self._read_runs(keys, [[view] for view in check_batch(keys, dst, writable=True)])
+
+    def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
+        self._check_open()
+        return self._read_runs(keys, check_scatter(keys, dst))
+
+    def _read_runs(self, keys: Sequence[bytes], dst: list[Runs]) -> list[bool]:
+        """Verified copies of the pages into their runs (``get`` and ``get_scatter``)."""
         hits = [False] * len(keys)
         damaged: list[bytes] = []
         with self._reading() as txn:
-            for i, (key, view) in enumerate(zip(keys, views, strict=True)):
+            for i, (key, runs) in enumerate(zip(keys, dst, strict=True)):
                 blob = txn.get(key, db=self._dbs.pages)
                 if blob is None:
                     continue
-                verdict = copy_verified(memoryview(blob), key, view)  # a view already: no copy
+                verdict = copy_verified_runs(memoryview(blob), key, runs)  # a view: no copy
                 hits[i] = verdict is Verdict.OK
                 if verdict.corrupt:
                     damaged.append(key)

@@ -70,7 +70,10 @@ MEANINGS: dict[str, str] = {
     "storage.key_prefix": "redis, mooncake: first part of every key (fleets sharing a store)",
     "storage.curve_client_key": "`remote` with CURVE: this engine's `.key_secret` file",
     "storage.curve_server_key": "`remote` with CURVE: the daemon's public key file",
-    "storage.breaker_failures": "`remote`: failed requests in a row before calls fail fast",
+    "storage.breaker_failures": (
+        "`remote`: BUSY/INTERNAL replies in a row before calls fail fast "
+        "(a timeout opens the breaker at once)"
+    ),
     "storage.breaker_cooldown_s": "`remote`: fail-fast period (doubles up to 8× while down)",
     "storage.io_threads": "`disk`: threads reading/writing one batch's pages (bytes in flight)",
     "storage.segment_bytes": "`disk`: size of one segment file (fixed when the store is created)",
