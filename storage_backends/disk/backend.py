@@ -1,7 +1,8 @@
 """DiskBackend: page records in segment files, located through an LMDB index.
 
 A put reserves slots in one index transaction (evicting least recently used
-pages for room), writes the records with ``pwritev`` on the I/O pool, then
+pages for room), writes the records with one ``pwritev`` per run of adjacent slots
+(``runs``) on the I/O pool, then
 commits the batch's index entries in a second, small transaction: a crash in
 between leaves reserved slots that no key points at (reclaimed once their
 process is gone), never a key pointing at half a page. A get looks the batch
@@ -34,7 +35,7 @@ from storage_backends.disk.io_pool import IoPool
 from storage_backends.disk.layout import INDEX_DIR, Location, Slot, SlotClass, slot_class
 from storage_backends.disk.owners import Ownership
 from storage_backends.disk.records import check_read
-from storage_backends.disk.runs import Extent, Run, gap, plan_runs, record_spans, scratch
+from storage_backends.disk.runs import Extent, Run, gap, plan_runs
 from storage_backends.disk.segments import SegmentFiles, check_direct_io
 from storage_backends.errors import StorageClosedError, StoreDamagedError
 from storage_backends.lmdb_check import check_store
@@ -91,13 +92,6 @@ class _Plan(NamedTuple):
 class _Read(NamedTuple):
     pos: int
     location: Location
-
-
-class _Target(NamedTuple):
-    """A read's key and the caller's buffers its payload goes to."""
-
-    key: bytes
-    runs: list[memoryview]
 
 
 class DiskBackend:
@@ -212,7 +206,9 @@ class DiskBackend:
             for i, loc in enumerate(lookup.locations)
             if loc is not None and loc.payload_len == sum(len(run) for run in runs[i])
         ]
-        verdicts = self._read_records(keys, reads, runs)
+        verdicts = self._pool.map(
+            lambda r: self._read_one(keys[r.pos], r.location, runs[r.pos]), reads
+        )
         hits = [False] * len(keys)
         damaged: list[tuple[bytes, Location | None]] = [(keys[i], None) for i in lookup.damaged]
         for read, verdict in zip(reads, verdicts, strict=True):
@@ -224,52 +220,6 @@ class DiskBackend:
         self._counters.record_get(n_hits, len(keys) - n_hits, corrupt)
         self._touch([key for key, hit in zip(keys, hits, strict=True) if hit])
         return hits
-
-    def _read_records(
-        self, keys: Sequence[bytes], reads: list[_Read], runs: list[list[memoryview]]
-    ) -> list[Verdict]:
-        """Each read's verdict, one ``preadv`` per run of adjacent slots, runs on the pool."""
-        if not reads:
-            return []
-        extents = [
-            Extent(loc.segment, loc.offset, loc.record_len, loc.stride)
-            for loc in (r.location for r in reads)
-        ]
-        iovs = 2 + max(len(runs[r.pos]) for r in reads)  # header, payload runs, gap
-        planned = plan_runs(extents, iovs, self._config.io_threads)
-        targets = [_Target(keys[r.pos], runs[r.pos]) for r in reads]
-        per_run = self._pool.map(lambda run: self._read_run(run, extents, targets), planned)
-        verdicts = [Verdict.TRUNCATED] * len(reads)
-        for run, outcome in zip(planned, per_run, strict=True):
-            for member, verdict in zip(run.members, outcome, strict=True):
-                verdicts[member] = verdict
-        return verdicts
-
-    def _read_run(self, run: Run, extents: list[Extent], targets: list[_Target]) -> list[Verdict]:
-        """Read a run's records straight into their targets and check each one."""
-        headers = [bytearray(HEADER_BYTES) for _ in run.members]
-        spare = scratch()
-        bufs: list[bytearray | memoryview] = []
-        last = run.members[-1]
-        for header, member in zip(headers, run.members, strict=True):
-            ext = extents[member]
-            bufs.append(header)
-            bufs += targets[member].runs
-            if member != last and ext.stride > ext.length:  # < GAP_MAX: joined
-                bufs.append(spare[: ext.stride - ext.length])
-        try:
-            got = self._segments.read(run.segment, run.offset, bufs)
-        except OSError as exc:
-            self._log.failure("disk store read failed; reported as damaged pages", exc)
-            return [Verdict.TRUNCATED] * len(run.members)
-        members = [extents[m] for m in run.members]
-        spans = record_spans(
-            got, [e.offset - run.offset for e in members], [e.length for e in members]
-        )
-        return [
-            check_read(header, targets[m].key, span, targets[m].runs)
-            for header, m, span in zip(headers, run.members, spans, strict=True)
-        ]
 
     def _read_one(self, key: bytes, loc: Location, runs: Sequence[memoryview]) -> Verdict:
         header = bytearray(HEADER_BYTES)

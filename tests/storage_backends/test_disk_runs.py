@@ -1,5 +1,5 @@
-"""Runs of adjacent slots: one pwritev/preadv per run must move every record of the run
-to and from its own place, whatever order or subset a batch asks for."""
+"""Runs of adjacent slots: one pwritev per run must put every record of the run in its
+own slot, whatever order or subset a later batch reads."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from storage_backends import StorageConfig, create
-from storage_backends.disk.runs import GAP_MAX, Extent, plan_runs, record_spans
+from storage_backends.disk.runs import GAP_MAX, Extent, plan_runs
 from storage_backends.disk.scan import locate
 
 
@@ -41,10 +41,6 @@ def test_runs_break_at_holes_segments_bad_strides_and_the_thread_share() -> None
     assert [r.members for r in plan_runs(extents, 3, 1)] == [[0, 1], [2], [3], [4]]
     same = [Extent(0, n * 100, 90, 100) for n in range(8)]
     assert [r.members for r in plan_runs(same, 3, 4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-
-
-def test_record_spans_count_only_the_bytes_moved() -> None:
-    assert record_spans(250, [0, 100, 200, 300], [90, 90, 90, 90]) == [90, 90, 50, 0]
 
 
 def test_any_order_and_subset_reads_back_what_one_batch_wrote(tmp_path: Path) -> None:
