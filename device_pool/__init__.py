@@ -1,8 +1,8 @@
 """Device tier: KV buffers, the page allocator and the request->token table."""
 
-from hicache.native import use_compiled
+from device_pool.native import use_compiled
 
-use_compiled(__name__, __path__)  # the compiled page table, when built (hicache.native)
+use_compiled(__name__, __path__)  # the compiled page table, when built (device_pool.native)
 
 from device_pool.allocator import PagedAllocator, SlotError  # noqa: E402
 from device_pool.kv_pool import DeviceKVPool, resolve_device, tokens_for_bytes  # noqa: E402

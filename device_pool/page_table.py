@@ -3,7 +3,7 @@
 Two implementations share this module name and behaviour (same results, same
 ``SlotError`` messages, tested against each other): this file, vectorised
 with numpy, and ``page_table.pyx``, the same steps as typed C loops. The
-compiled one runs when it is built and current (``hicache.native``); a
+compiled one runs when it is built and current (``device_pool.native``); a
 request's transitions are then one C call each instead of a dozen numpy
 calls, which is where a page-1 request spent a quarter of its time.
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import importlib
 
+from hicache import _moved
 from hicache._version import __version__
-from hicache.native import use_compiled
 
-use_compiled(__name__, __path__)  # the compiled hot path, when built (hicache.native)
+_moved.install()  # old module paths keep working for one release, with a warning
 
 # Public names, imported on first use so that `import hicache` stays cheap and
 # importing one subpackage never drags in the others.
@@ -15,9 +15,9 @@ _EXPORTS = {
     "HiRadixCache": "hicache.cache",
     "MatchResult": "hicache.cache",
     "InsertResult": "hicache.cache",
-    "CacheConfig": "hicache.config",
-    "TokenKey": "hicache.radix_tree",
-    "extend_key": "hicache.radix_tree",
+    "CacheConfig": "hicache.config.cache",
+    "TokenKey": "hicache.tree.radix_tree",
+    "extend_key": "hicache.tree.radix_tree",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

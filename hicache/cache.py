@@ -22,29 +22,19 @@ import numpy as np
 import torch
 
 from device_pool import DeviceKVPool
-from hicache.config import CacheConfig
-from hicache.door import (
-    check_count,
-    check_namespace,
-    check_on_path,
-    check_request_id,
-    check_tail_page,
-)
-from hicache.errors import CacheError
-from hicache.events import EventSink
-from hicache.eviction import create_eviction_policy
+from hicache.config.cache import CacheConfig
+from hicache.events.kv import EventSink
 from hicache.factory import build_device_pool, build_host_pool, build_transfer
-from hicache.hashing import NodeKeys, model_fingerprint, page_keys
-from hicache.host_tier import HostTier
-from hicache.integrity import check_tree
+from hicache.keys.hashing import NodeKeys, model_fingerprint, page_keys
 from hicache.lifecycle import Lifecycle
-from hicache.metrics import CacheMetrics, CacheStats
-from hicache.observer import Observer
-from hicache.paging import align_down, align_up, empty_slots
-from hicache.prefetch_policy import create_prefetch_policy
-from hicache.prometheus import Gauges
-from hicache.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
-from hicache.records import (
+from hicache.observe.metrics import CacheMetrics, CacheStats
+from hicache.observe.observer import Observer
+from hicache.observe.prometheus import Gauges
+from hicache.policies.eviction import create_eviction_policy
+from hicache.policies.prefetch import create_prefetch_policy
+from hicache.policies.write import create_write_policy
+from hicache.tiers.host import HostTier
+from hicache.tiers.records import (
     BackupDone,
     Dropped,
     LoadDone,
@@ -55,8 +45,8 @@ from hicache.records import (
     StorageRemoved,
     WaitTimedOut,
 )
-from hicache.residency import NO_SLOTS, ResidencyTree
-from hicache.results import (
+from hicache.tiers.residency import NO_SLOTS, ResidencyTree
+from hicache.tiers.results import (
     AdmitResult,
     DeviceShortfall,
     EvictResult,
@@ -67,8 +57,18 @@ from hicache.results import (
     PrefetchStatus,
     UnfinishedResult,
 )
-from hicache.storage_tier import StorageTier
-from hicache.write_policy import create_write_policy
+from hicache.tiers.storage import StorageTier
+from hicache.tree.door import (
+    check_count,
+    check_namespace,
+    check_on_path,
+    check_request_id,
+    check_tail_page,
+)
+from hicache.tree.errors import CacheError
+from hicache.tree.integrity import check_tree
+from hicache.tree.paging import align_down, align_up, empty_slots
+from hicache.tree.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
 from host_pool import HostKVPool
 from storage_backends import StorageBackend
 from storage_backends.guard import GuardedBackend, open_guarded

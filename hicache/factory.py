@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 
 from device_pool import DeviceKVPool, tokens_for_bytes
-from hicache.config import CacheConfig
+from hicache.config.cache import CacheConfig
 from host_pool import HostKVPool
 from transfer import TransferEngine, create_transfer_engine
 

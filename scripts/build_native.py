@@ -1,7 +1,7 @@
-"""Compile the hot path (hicache.native.HOT_MODULES) with Cython into build/native/.
+"""Compile the hot path (device_pool.native.HOT_MODULES) with Cython into build/native/.
 
 Each hot primitive's ``.pyx`` twin (typed C loops beside its ``.py``; see
-hicache/native.py). Writes build/native/manifest.json (each source's SHA-256)
+device_pool/native.py). Writes build/native/manifest.json (each source's SHA-256)
 last, so a build that fails half-way is never used. Exit status 1 with a message on failure: the
 Makefile then goes on with the pure-Python modules.
 
@@ -20,7 +20,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hicache.native import BUILD, HOT_MODULES, MANIFEST, ROOT, source_digest, source_path
+from device_pool.native import (
+    BUILD,
+    HOT_MODULES,
+    MANIFEST,
+    ROOT,
+    folder,
+    source_digest,
+    source_path,
+)
 
 # Each .pyx sets its own C-level directives; these only keep Python semantics
 # where it does not (annotations are not turned into C type checks).
@@ -33,7 +41,7 @@ def build(jobs: int) -> None:
 
     MANIFEST.unlink(missing_ok=True)
     for package in HOT_MODULES:  # no extension of a module no longer compiled stays
-        shutil.rmtree(BUILD / package, ignore_errors=True)
+        shutil.rmtree(folder(BUILD, package), ignore_errors=True)
     os.chdir(ROOT)  # relative sources: build/native/c mirrors the packages
     names = [(p, m) for p, mods in HOT_MODULES.items() for m in mods]
     sources = {(p, m): str(source_path(p, m).relative_to(ROOT)) for p, m in names}

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-CLI = "import sys; from hicache.cli import main; sys.exit(main())"
+CLI = "import sys; from hicache.cli.app import main; sys.exit(main())"
 BANNER = b"hicache daemon listening on"
 Timer = Callable[[dict[str, str]], float]
 

@@ -43,6 +43,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_report_header(config: pytest.Config) -> str:
     """Say which hot path the run tests: compiled (Cython) or pure Python."""
-    from hicache import native
+    from device_pool import native
 
     return f"hicache hot path: {native.describe()}"

@@ -1,6 +1,6 @@
 """Load a hot module's two implementations side by side: the ``.py`` (numpy
 or the standard library) and its compiled ``.pyx`` twin from build/native,
-whatever path this run selected (``hicache.native``)."""
+whatever path this run selected (``device_pool.native``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from hicache import native
+from device_pool import native
 
 
 def _load(name: str, path: str) -> ModuleType:
@@ -23,9 +23,10 @@ def _load(name: str, path: str) -> ModuleType:
 
 def twins(package: str, module: str) -> tuple[ModuleType, ModuleType]:
     """(pure, compiled) ``package.module``; skips when no current build exists."""
-    built = native.BUILD / package / f"{module}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    built = native.folder(native.BUILD, package) / f"{module}{suffix}"
     why = native.why_pure(package)
     if not built.exists() or (why is not None and "stale" in why):
         pytest.skip(f"no current compiled {package}.{module} ({why}); `make` builds it")
-    pure = _load(f"{module}_pure", str(native.ROOT / package / f"{module}.py"))
+    pure = _load(f"{module}_pure", str(native.folder(native.ROOT, package) / f"{module}.py"))
     return pure, _load(f"{package}.{module}", str(built))

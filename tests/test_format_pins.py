@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from hicache.config import ModelConfig
-from hicache.hashing import LAYOUT_VERSION, model_fingerprint, page_keys
+from hicache.config.cache import ModelConfig
+from hicache.keys.hashing import LAYOUT_VERSION, model_fingerprint, page_keys
 from storage_backends.page_format import (
     FORMAT_VERSION,
     HEADER_BYTES,

@@ -12,7 +12,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from hicache.cache import HiRadixCache
-from hicache.config import EventsConfig, MetricsConfig
+from hicache.config.cache import EventsConfig, MetricsConfig
 from hicache.daemon.metrics import DaemonMetrics
 from hicache.daemon.store import StoreSize
 from hicache.daemon.writer import WriterStats
@@ -33,6 +33,7 @@ REQUIRED = (
     "hicache_daemon_store_used_bytes",
     "hicache_daemon_requests_total",
     "hicache_daemon_errors_total",
+    "hicache_storage_backend_errors_total",  # a daemon down, refusing or timing out
 )
 Samples = dict[str, list[dict[str, str]]]  # sample name -> the label sets exported
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hicache.cache import HiRadixCache
-from hicache.config import EventsConfig
-from hicache.events import ZmqEventPublisher
+from hicache.config.cache import EventsConfig
+from hicache.events.kv import ZmqEventPublisher
 from tests.hicache.helpers import serve, two_tier
 from tests.hicache.kv_event_peers import SGLANG, VLLM
 

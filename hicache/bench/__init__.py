@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType, ModuleType
 from typing import NamedTuple
 
-from hicache.cli_common import add_config_flags, add_lazy_commands, module_doc
-from hicache.config_loader import Scalar
-from hicache.shipped import CACHE, DAEMON
+from hicache.config.flags import add_config_flags, add_lazy_commands, module_doc
+from hicache.config.loader import Scalar
+from hicache.config.shipped import CACHE, DAEMON
 
 
 class Benchmark(NamedTuple):
@@ -74,6 +74,7 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
                 {"storage.backend": "--backend", "storage.endpoint": "--endpoint"}
             ),
         ),
+        "storage-open": Benchmark("hicache.bench.store_open", reads=()),
         "engine": Benchmark(
             "hicache.bench.engine",
             ignores=(

@@ -30,9 +30,9 @@ import zmq
 from tqdm import tqdm
 
 from hicache.bench.processes import ServerProcess, start_daemon, start_echo
-from hicache.cli_common import at_least
+from hicache.config.flags import at_least
 from storage_backends import StorageConfig
-from storage_backends.remote import RemoteBackend
+from storage_backends.remote.client import RemoteBackend
 
 logger = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ import torch
 
 from hicache.bench.page_cache import DropResult, drop_page_cache
 from hicache.cache import HiRadixCache
-from hicache.cli_common import at_least
-from hicache.config import CacheConfig
+from hicache.config.cache import CacheConfig
+from hicache.config.flags import at_least
 from hicache.engine import Engine, EngineOptions, ModelSpec, Request, TierHits, TinyLlama
 from storage_backends import StorageConfig
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from hicache.daemon.oneshot import DaemonCallError, call
-from hicache.daemon.protocol import Op, PingReply
+from storage_backends.remote.protocol import Op, PingReply
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-from hicache.paging import align_up
+from hicache.tree.paging import align_up
 
 
 def _params(page_size: int, capacity: int) -> CacheInitParams:

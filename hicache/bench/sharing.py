@@ -31,14 +31,14 @@ from hicache.bench.processes import start_daemon
 from hicache.bench.tiering import serve
 from hicache.bench.workloads import MultiTurnSpec, TraceRequest
 from hicache.cache import HiRadixCache
-from hicache.config import CacheConfig
+from hicache.config.cache import CacheConfig
 from storage_backends import StorageConfig
 
 ENGINES = 2
 OWN_LMDB = "2 engines, own LMDB each"
 SHARED = "2 engines, shared daemon"
 JOIN_TIMEOUT_S = 600.0
-DAEMON_CONFIG = "daemon"  # a shipped config (hicache.shipped.resolve_config)
+DAEMON_CONFIG = "daemon"  # a shipped config (hicache.config.shipped.resolve_config)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from redis.cluster import RedisCluster
 
-from hicache.cli_common import at_least
+from hicache.config.flags import at_least
 from storage_backends import StorageConfig
 from storage_backends.redis_backend import parse_endpoint
 from storage_backends.redis_cluster import ClusterOptions, LocalRedisCluster

@@ -41,8 +41,8 @@ from hicache.bench.workloads import (
     multiturn,
 )
 from hicache.cache import HiRadixCache
-from hicache.cli_common import at_least
-from hicache.config import CacheConfig, HostConfig
+from hicache.config.cache import CacheConfig, HostConfig
+from hicache.config.flags import at_least
 from storage_backends import StorageConfig
 
 LINKS = ("d2h", "h2d", "h2s", "s2h")

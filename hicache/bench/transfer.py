@@ -24,7 +24,7 @@ import torch
 
 from device_pool.kv_pool import DeviceKVPool, resolve_device
 from device_pool.shape import KVShape, dtype_from_name
-from hicache.cli_common import at_least
+from hicache.config.flags import at_least
 from host_pool.kv_pool import LAYOUTS, HostKVPool
 from transfer import TransferEngine, TransferOp, create_transfer_engine
 

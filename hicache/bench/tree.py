@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hicache import native
+from device_pool import native
 from hicache.bench.workloads import MultiTurnSpec, TraceRequest, multiturn
 from hicache.cache import HiRadixCache
-from hicache.cli_common import at_least
-from hicache.config import CacheConfig, HostConfig, ModelConfig
-from hicache.radix_tree import Key, Tokens, extend_key
+from hicache.config.cache import CacheConfig, HostConfig, ModelConfig
+from hicache.config.flags import at_least
+from hicache.tree.radix_tree import Key, Tokens, extend_key
 from storage_backends import StorageConfig
 
 if TYPE_CHECKING:

@@ -1,65 +1,20 @@
-"""CURVE authentication and tenants: key files, the ZAP authenticator, User-Id → tenant."""
+"""CURVE authentication and tenants: the ZAP authenticator, User-Id → tenant (key files:
+``storage_backends.remote.keys``)."""
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import NamedTuple
 
 import zmq
-import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from hicache.daemon.config import AuthConfig
+from hicache.config.daemon import AuthConfig
+from storage_backends.remote.keys import load_key_pair, load_public_key
 
 logger = logging.getLogger(__name__)
 
 # The tenant of every request when CURVE is off.
 DEFAULT_TENANT = "default"
-_Z85_KEY_CHARS = 40
-
-
-class KeyFiles(NamedTuple):
-    public: Path
-    secret: Path
-
-
-class KeyPair(NamedTuple):
-    public: bytes  # z85
-    secret: bytes  # z85
-
-
-def keygen(directory: Path, name: str) -> KeyFiles:
-    """Write ``name.key`` (public) and ``name.key_secret`` into ``directory`` (created)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(str(directory), name)
-    return KeyFiles(Path(public), Path(secret))
-
-
-def load_key_pair(path: str | Path) -> KeyPair:
-    """Both keys of a ``.key_secret`` file; ValueError if unreadable or without a secret key."""
-    try:
-        public, secret = zmq.auth.load_certificate(str(path))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read key file {path}: {exc}") from None
-    if secret is None:
-        raise ValueError(f"{path} holds no secret key (use the .key_secret file)")
-    return KeyPair(public, secret)
-
-
-def load_public_key(spec: str) -> bytes:
-    """A z85 public key given inline (40 characters) or as a key file; ValueError otherwise."""
-    if len(spec) == _Z85_KEY_CHARS and not Path(spec).exists():
-        try:
-            zmq.utils.z85.decode(spec)
-        except ValueError:
-            raise ValueError(f"{spec!r} is neither a z85 public key nor a key file") from None
-        return spec.encode()
-    try:
-        public, _ = zmq.auth.load_certificate(spec)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read public key file {spec}: {exc}") from None
-    return public
 
 
 class _AllowList:

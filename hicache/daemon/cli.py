@@ -1,7 +1,7 @@
 """``hicache serve``, ``hicache keygen`` and ``hicache stats``: the daemon's command line.
 
 ``add_parsers`` adds the three subcommands to a (lazy) sub-command group; each sets
-``daemon_run`` (args → exit status), which ``hicache.cli.main`` calls. Nothing here
+``daemon_run`` (args → exit status), which ``hicache.cli.app.main`` calls. Nothing here
 imports torch: ``hicache serve`` starts in a fraction of a second.
 """
 
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from hicache.cli_common import (
+from hicache.config.flags import (
     LazySubParsers,
     Parser,
     add_config_flags,
@@ -28,7 +28,7 @@ from hicache.cli_common import (
     positive_float,
     verbose_parent,
 )
-from hicache.shipped import DAEMON
+from hicache.config.shipped import DAEMON
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from hicache.daemon.auth import keygen
+    from storage_backends.remote.keys import keygen
 
     directory: Path = args.directory
     existing = [
@@ -199,7 +199,7 @@ def _keygen(args: argparse.Namespace) -> int:
 
 def _stats(args: argparse.Namespace) -> int:
     from hicache.daemon.oneshot import DaemonCallError, call
-    from hicache.daemon.protocol import Op, StatsReply
+    from storage_backends.remote.protocol import Op, StatsReply
 
     try:
         endpoint = args.connect

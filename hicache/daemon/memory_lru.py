@@ -6,7 +6,7 @@ import threading
 from collections import OrderedDict
 from typing import NamedTuple
 
-from hicache.daemon.protocol import Frame
+from storage_backends.remote.protocol import Frame
 
 # Charged per entry on top of the record, so that many tiny pages also respect the bound:
 # the key and record objects, the OrderedDict slot and node, allocator rounding (measured).

@@ -9,9 +9,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hicache.daemon.protocol import ErrorCode, Op, StatValue
 from hicache.daemon.store import StoreSize, TenantSize
 from hicache.daemon.writer import WriterStats
+from storage_backends.remote.protocol import ErrorCode, Op, StatValue
 
 _PREFIX = "hicache_daemon"
 # Loopback round trips are tens of microseconds; group commits with fsync reach milliseconds.

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import zmq
 
-from hicache.daemon.auth import KeyPair, load_key_pair, load_public_key
-from hicache.daemon.protocol import (
+from storage_backends.remote.keys import KeyPair, load_key_pair, load_public_key
+from storage_backends.remote.protocol import (
     ErrorReply,
     Frame,
     Op,

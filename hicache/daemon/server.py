@@ -23,11 +23,15 @@ from typing import NamedTuple
 
 import zmq
 
+from hicache.config.daemon import DaemonConfig, is_loopback
 from hicache.daemon.auth import DEFAULT_TENANT, CurveAuth
-from hicache.daemon.config import DaemonConfig, is_loopback
 from hicache.daemon.metrics import DaemonMetrics
 from hicache.daemon.peers import PeerGuard, raise_fd_limit
-from hicache.daemon.protocol import (
+from hicache.daemon.replies import ReplyBudget
+from hicache.daemon.store import DaemonStore, check_record, scoped_key
+from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
+from storage_backends.page_format import Verdict
+from storage_backends.remote.protocol import (
     DeleteReply,
     ErrorCode,
     ErrorReply,
@@ -43,10 +47,6 @@ from hicache.daemon.protocol import (
     decode_request,
     encode_reply,
 )
-from hicache.daemon.replies import ReplyBudget
-from hicache.daemon.store import DaemonStore, check_record, scoped_key
-from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
-from storage_backends.page_format import Verdict
 
 logger = logging.getLogger(__name__)
 

@@ -8,14 +8,14 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
-from hicache.daemon.config import StoreConfig
+from hicache.config.daemon import StoreConfig
 from hicache.daemon.memory_lru import ByteLRU
-from hicache.daemon.protocol import Frame
 from storage_backends import StorageConfig
 from storage_backends.config import user_cache_dir
 from storage_backends.errors import StoreDamagedError
 from storage_backends.lmdb_backend import LmdbBackend
 from storage_backends.page_format import HEADER_BYTES, Verdict, check_header, validate
+from storage_backends.remote.protocol import Frame
 
 logger = logging.getLogger(__name__)
 _R = TypeVar("_R")

@@ -8,8 +8,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from hicache.daemon.protocol import Frame, Op
 from hicache.daemon.store import DaemonStore
+from storage_backends.remote.protocol import Frame, Op
 
 logger = logging.getLogger(__name__)
 

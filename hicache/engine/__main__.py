@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import torch
 
 from hicache.cache import HiRadixCache
-from hicache.cli_common import add_config_flags, load_config, port_in_use
-from hicache.config import CacheConfig
+from hicache.config.cache import CacheConfig
+from hicache.config.flags import add_config_flags, load_config, port_in_use
 from hicache.engine.model import ModelSpec, TinyLlama
 from hicache.engine.request import Request, RequestOutput
 from hicache.engine.scheduler import Engine, EngineOptions

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from device_pool import DeviceKVPool, dtype_from_name
-from hicache.config import ModelConfig
+from hicache.config.cache import ModelConfig
 from hicache.engine.attention import causal_attention
 from hicache.engine.invariant import pad_rows, silu
 from hicache.engine.mla import MlaWeights, expand

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import torch
 
-from hicache.radix_tree import TreeNode
+from hicache.tree.radix_tree import TreeNode
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ import pytest
 import zmq
 
 from hicache.bench.processes import DAEMON_BANNER, ServerProcess
-from hicache.daemon.protocol import (
+from storage_backends.page_format import encode_page
+from storage_backends.remote.protocol import (
     Frame,
     Op,
     PingReply,
@@ -25,7 +26,6 @@ from hicache.daemon.protocol import (
     decode_reply,
     encode_request,
 )
-from storage_backends.page_format import encode_page
 from tests.polling import wait_until
 
 _START_TIMEOUT_S = 30.0

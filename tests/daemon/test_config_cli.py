@@ -11,8 +11,8 @@ import pytest
 
 from hicache.bench.processes import DAEMON_BANNER, ServerProcess, wait_ping
 from hicache.cli import main as hicache_main
+from hicache.config.daemon import DaemonConfig
 from hicache.daemon.cli import main as daemon_main
-from hicache.daemon.config import DaemonConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache.daemon.protocol import (
+from storage_backends.remote.protocol import (
     DeleteReply,
     ErrorCode,
     ErrorReply,

@@ -12,8 +12,8 @@ import msgpack
 import pytest
 import zmq
 
-from hicache.daemon import protocol
-from hicache.daemon.protocol import ErrorCode, Limits, Op
+from storage_backends.remote import protocol
+from storage_backends.remote.protocol import ErrorCode, Limits, Op
 from tests.daemon.conftest import REPLY_TIMEOUT_S, StartDaemon
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"

@@ -6,9 +6,9 @@ import time
 
 import zmq
 
-from hicache.daemon.protocol import Op, PingReply, Request, encode_request
 from storage_backends import StorageConfig, create
 from storage_backends.page_format import HEADER_BYTES
+from storage_backends.remote.protocol import Op, PingReply, Request, encode_request
 
 from .conftest import daemon_toml, page_key
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import zmq.auth
 
-from hicache.daemon.auth import keygen
 from hicache.daemon.cli import main as daemon_main
-from hicache.daemon.protocol import DeleteReply, ExistsReply, Op, PingReply
 from storage_backends import StorageConfig, create
+from storage_backends.remote.keys import keygen
+from storage_backends.remote.protocol import DeleteReply, ExistsReply, Op, PingReply
 
 from .conftest import daemon_toml, page_record
 
@@ -84,7 +84,7 @@ def test_a_client_without_keys_is_told_about_curve(curve_daemon, caplog, capsys)
     config = StorageConfig(backend="remote", endpoint=daemon.endpoint, timeout_s=NO_REPLY_WAIT_S)
     backend = create("remote", config)
     try:
-        with caplog.at_level(logging.WARNING, logger="storage_backends.remote"):
+        with caplog.at_level(logging.WARNING, logger="storage_backends.remote.client"):
             assert backend.exists([b"k" * 32]) == 0
             assert backend.exists([b"k" * 32]) == 0
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from hicache.daemon.protocol import DeleteReply, Op
+from storage_backends.remote.protocol import DeleteReply, Op
 
 from .conftest import Client, daemon_toml, page_key, page_record
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hicache.daemon.protocol import Op, PutReply, Request, decode_reply, encode_request
+from storage_backends.remote.protocol import Op, PutReply, Request, decode_reply, encode_request
 
 from .conftest import REPLY_TIMEOUT_S, page_key, page_record
 

@@ -13,7 +13,7 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hicache.daemon.protocol import ErrorCode, Op, Request, encode_request
+from storage_backends.remote.protocol import ErrorCode, Op, Request, encode_request
 
 from .conftest import daemon_toml
 

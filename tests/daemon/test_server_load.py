@@ -6,7 +6,7 @@ import random
 import threading
 from pathlib import Path
 
-from hicache.daemon.protocol import ExistsReply, Op
+from storage_backends.remote.protocol import ExistsReply, Op
 
 from .conftest import daemon_toml, page_key, page_record
 

@@ -5,8 +5,8 @@ message (as engines send them)."""
 from __future__ import annotations
 
 from hicache.daemon.memory_lru import ENTRY_OVERHEAD
-from hicache.daemon.protocol import Op, PutReply, Request, decode_reply, encode_request
 from storage_backends.page_format import HEADER_BYTES
+from storage_backends.remote.protocol import Op, PutReply, Request, decode_reply, encode_request
 
 from .conftest import daemon_toml, page_key, page_record
 

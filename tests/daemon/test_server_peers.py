@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from hicache.daemon.protocol import Op, PingReply
+from storage_backends.remote.protocol import Op, PingReply
 from tests.polling import wait_until
 
 from .conftest import daemon_toml

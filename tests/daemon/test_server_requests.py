@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgpack
 
-from hicache.daemon.protocol import (
+from storage_backends.remote.protocol import (
     DeleteReply,
     ErrorCode,
     ErrorReply,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.daemon.config import StoreConfig
+from hicache.config.daemon import StoreConfig
 from hicache.daemon.memory_lru import ENTRY_OVERHEAD, ByteLRU
 from hicache.daemon.store import DaemonStore, scoped_key
 from storage_backends.errors import StorageWriteError

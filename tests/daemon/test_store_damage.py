@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hicache.daemon.protocol import Op
 from storage_backends.lmdb_pages import walk_pages
+from storage_backends.remote.protocol import Op
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,7 +49,7 @@ def test_damage_a_write_would_meet_is_quarantined(start_daemon, connect, pages, 
 
 CHILD = """
 import json, sys
-from hicache.daemon.config import StoreConfig
+from hicache.config.daemon import StoreConfig
 from hicache.daemon.store import DaemonStore
 from tests.daemon.conftest import page_key, page_record
 
@@ -69,7 +69,7 @@ for path in sys.argv[1:]:
 
 
 def test_damaged_daemon_stores_take_writes_without_dying(tmp_path: Path) -> None:
-    from hicache.daemon.config import StoreConfig
+    from hicache.config.daemon import StoreConfig
     from hicache.daemon.store import DaemonStore
 
     from .conftest import page_key, page_record

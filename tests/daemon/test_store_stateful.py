@@ -20,7 +20,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hicache.daemon.config import StoreConfig
+from hicache.config.daemon import StoreConfig
 from hicache.daemon.memory_lru import ENTRY_OVERHEAD
 from hicache.daemon.store import DaemonStore, scoped_key
 from storage_backends.page_format import HEADER_BYTES

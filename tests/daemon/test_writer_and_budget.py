@@ -21,9 +21,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from hicache.daemon.protocol import Frame, Op
 from hicache.daemon.replies import ReplyBudget
 from hicache.daemon.writer import WriteJob, Writer
+from storage_backends.remote.protocol import Frame, Op
 
 WAIT_S = 10.0
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hicache.cache import HiRadixCache
-from hicache.config import CacheConfig, DeviceConfig, HostConfig, ModelConfig, PolicyConfig
+from hicache.config.cache import CacheConfig, DeviceConfig, HostConfig, ModelConfig, PolicyConfig
 from hicache.engine import Engine, EngineOptions, ModelSpec, Request, RequestOutput, TinyLlama
 from storage_backends import StorageConfig
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from hicache.config import CacheConfig
+from hicache.config.cache import CacheConfig
 from tests.engine.helpers import SPEC, chat, engine, push_to_storage, tokens
 
 PAGE_SIZE = 16

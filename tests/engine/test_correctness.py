@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hicache.engine import ModelSpec, Request
-from hicache.prefetch_policy import PREFETCH_POLICIES
+from hicache.policies.prefetch import PREFETCH_POLICIES
 from tests.engine.helpers import (
     SPECS,
     assert_clean,

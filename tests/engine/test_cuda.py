@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from device_pool import DeviceKVPool
-from hicache.config import TransferConfig
+from hicache.config.cache import TransferConfig
 from hicache.engine import Request, RequestOutput, Segment, TinyLlama
 from host_pool import HostKVPool
 from tests.engine.helpers import (

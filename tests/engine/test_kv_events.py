@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.config import EventsConfig
+from hicache.config.cache import EventsConfig
 from tests.engine.helpers import chat, config, engine, push_to_storage, tokens
 from tests.hicache.kv_event_peers import SGLANG, VLLM, load
 from tests.hicache.kv_event_peers.subscriber import Receiver

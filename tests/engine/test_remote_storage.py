@@ -18,7 +18,7 @@ from hicache.bench.processes import ServerProcess, start_daemon
 from hicache.cache import HiRadixCache
 from hicache.engine import RequestOutput
 from storage_backends.guard import GuardedBackend
-from storage_backends.remote import RemoteBackend
+from storage_backends.remote.client import RemoteBackend
 from tests.engine.helpers import assert_clean, assert_same, chat, engine, push_to_storage, reference
 from tests.engine.remote_worker import remote_config, user_turns
 

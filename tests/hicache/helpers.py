@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from hicache.cache import HiRadixCache
-from hicache.config import CacheConfig, DeviceConfig, HostConfig, ModelConfig, PolicyConfig
+from hicache.config.cache import CacheConfig, DeviceConfig, HostConfig, ModelConfig, PolicyConfig
 from hicache.factory import build_device_pool, build_host_pool
-from hicache.radix_tree import TreeNode
+from hicache.tree.radix_tree import TreeNode
 from storage_backends import StorageConfig
 from transfer import CpuTransferEngine, FaultInjection
 

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hicache.cache import HiRadixCache
-from hicache.eviction import EVICTION_POLICIES
-from hicache.radix_tree import TreeNode
+from hicache.policies.eviction import EVICTION_POLICIES
+from hicache.tree.radix_tree import TreeNode
 from tests.hicache.helpers import device_only, run_request
 
 tokens = st.lists(st.integers(0, 3), min_size=0, max_size=14)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import hicache
-from hicache.cli import build_parser, main
-from hicache.cli_common import build_all
-from hicache.config_loader import keys_of
-from hicache.shipped import resolve_config, shipped_configs
+from hicache.cli.app import build_parser, main
+from hicache.config.flags import build_all
+from hicache.config.loader import keys_of
+from hicache.config.shipped import resolve_config, shipped_configs
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_TREE = ["--conversations", "2", "--turns", "1"]
@@ -67,7 +67,7 @@ def test_unknown_set_key_names_the_flag_and_the_nearest_key(
 
 
 def test_every_config_key_is_known() -> None:
-    from hicache.config import CacheConfig
+    from hicache.config.cache import CacheConfig
 
     keys = list(keys_of(CacheConfig))
     assert "storage.backend" in keys and "model.num_layers" in keys and "metrics.port" in keys
@@ -209,7 +209,7 @@ def _commands() -> list[tuple[str, argparse.ArgumentParser]]:
 
 
 def test_every_command_takes_v_and_every_config_reader_takes_config_and_set() -> None:
-    no_config = {"hicache keygen", "hicache store verify"}
+    no_config = {"hicache keygen", "hicache store verify", "hicache store migrate"}
     for prog, parser in _commands():
         options = {o for a in parser._actions for o in a.option_strings}
         assert "-v" in options, prog
@@ -267,9 +267,9 @@ def test_help_version_and_serve_import_no_torch() -> None:
     version = help_.replace("'--help'", "'--version'")
     # What ``hicache serve`` imports before it starts the daemon: its parser, its config.
     serve = (
-        "from hicache.cli import build_parser\n"
+        "from hicache.cli.app import build_parser\n"
         "args = build_parser().parse_args(['serve', '--set', 'store.memory_bytes=1'])\n"
-        "from hicache.cli_common import load_daemon_config\n"
+        "from hicache.config.flags import load_daemon_config\n"
         "load_daemon_config(args)\n"
         "import hicache.daemon.server"
     )
@@ -279,7 +279,7 @@ def test_help_version_and_serve_import_no_torch() -> None:
 
 
 def test_readme_names_what_each_command_reads_and_every_shipped_config() -> None:
-    from hicache.shipped import CACHE, DAEMON
+    from hicache.config.shipped import CACHE, DAEMON
 
     text = " ".join((REPO / "README.md").read_text().split())
     claim = text[text.index("Every command takes `-v`") :]
@@ -288,4 +288,4 @@ def test_readme_names_what_each_command_reads_and_every_shipped_config() -> None
     assert sorted(cache + daemon) == shipped_configs()
     assert "(shipped: " + ", ".join(f"`{n}`" for n in cache) + "; default `default`)" in claim
     assert "(shipped: " + ", ".join(f"`{n}`" for n in daemon) + ")" in claim
-    assert "`keygen` and `store verify` read no config" in claim
+    assert "`keygen`, `store verify` and `store migrate` read no config" in claim

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.config import CacheConfig, parse_override
+from hicache.config.cache import CacheConfig, parse_override
 
 REPO = Path(__file__).resolve().parents[2]
 

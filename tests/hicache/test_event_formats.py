@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache.event_formats import FORMATS, block_hash, create_format
-from hicache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from hicache.events.formats import FORMATS, block_hash, create_format
+from hicache.events.kv import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from tests.hicache.kv_event_peers import SGLANG, VLLM, load
 
 KEYS = tuple(hashlib.sha256(bytes([i])).digest() for i in range(3))

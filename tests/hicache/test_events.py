@@ -11,10 +11,10 @@ import pytest
 import zmq
 
 from hicache.cache import HiRadixCache
-from hicache.config import EventsConfig
-from hicache.event_formats import block_hash
-from hicache.events import ZmqEventPublisher
-from hicache.hashing import page_keys
+from hicache.config.cache import EventsConfig
+from hicache.events.formats import block_hash
+from hicache.events.kv import ZmqEventPublisher
+from hicache.keys.hashing import page_keys
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
 from tests.hicache.kv_event_peers import SGLANG, VLLM, PeerStructs, load
@@ -175,7 +175,7 @@ class ReplayClient:
 
 
 def publish(pub: ZmqEventPublisher, n: int) -> None:
-    from hicache.events import BlockRemoved
+    from hicache.events.kv import BlockRemoved
 
     for i in range(n):
         pub.emit(BlockRemoved((bytes([i]) * 32,), "host"))
@@ -239,7 +239,7 @@ def test_a_replay_endpoint_that_cannot_bind_is_a_clear_error() -> None:
 
 
 def test_an_any_port_endpoint_says_which_port_it_bound(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("INFO", logger="hicache.events"):
+    with caplog.at_level("INFO", logger="hicache.events.kv"):
         cache = with_events()
     try:
         assert cache.events is not None

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hicache.cache import HiRadixCache
-from hicache.errors import CacheError
-from hicache.radix_tree import TreeNode
-from hicache.write_policy import WRITE_POLICIES
+from hicache.policies.write import WRITE_POLICIES
+from hicache.tree.errors import CacheError
+from hicache.tree.radix_tree import TreeNode
 from storage_backends import StorageConfig
 from tests.hicache.helpers import expected_kv, two_tier, write_kv
 from transfer import CpuTransferEngine, FaultInjection, TransferError

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from hicache.config import ModelConfig
-from hicache.hashing import model_fingerprint, page_keys
+from hicache.config.cache import ModelConfig
+from hicache.keys.hashing import model_fingerprint, page_keys
 
 
 def test_keys_chain_and_partition() -> None:
@@ -38,8 +38,8 @@ def test_partial_page_rejected() -> None:
 
 def test_keys_equal_across_processes() -> None:
     code = (
-        "from hicache.config import ModelConfig;"
-        "from hicache.hashing import model_fingerprint, page_keys;"
+        "from hicache.config.cache import ModelConfig;"
+        "from hicache.keys.hashing import model_fingerprint, page_keys;"
         "fp = model_fingerprint(ModelConfig(), 16);"
         "print(page_keys(fp, 'ns', list(range(1000, 1064)), 16)[-1].hex())"
     )

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hicache.cache import HiRadixCache
-from hicache.radix_tree import TreeNode
-from hicache.write_policy import WRITE_POLICIES
+from hicache.policies.write import WRITE_POLICIES
+from hicache.tree.radix_tree import TreeNode
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
 from transfer import CpuTransferEngine, FaultInjection

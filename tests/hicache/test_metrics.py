@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from hicache.metrics import LATENCIES, LATENCY_BUCKETS, CacheMetrics, CacheStats
+from hicache.observe.metrics import LATENCIES, LATENCY_BUCKETS, CacheMetrics, CacheStats
 from tests.hicache.helpers import serve, two_tier
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hicache.cache import HiRadixCache
-from hicache.errors import CacheError
+from hicache.tree.errors import CacheError
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier, write_kv
 

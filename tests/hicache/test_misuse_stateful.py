@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hicache.cache import HiRadixCache
-from hicache.radix_tree import TreeNode
+from hicache.tree.radix_tree import TreeNode
 from storage_backends import StorageConfig
 from tests.hicache.helpers import check_kv, device_only, serve, two_tier, write_kv
 

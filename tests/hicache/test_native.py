@@ -1,4 +1,4 @@
-"""Which hot path runs: the compiled modules (hicache.native) or the pure ones."""
+"""Which hot path runs: the compiled modules (device_pool.native) or the pure ones."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache import native
+from device_pool import native
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ def test_the_active_path_is_the_one_selected() -> None:
     import hicache.cache  # noqa: F401
 
     hot = [f"{p}.{m}" for p, mods in native.HOT_MODULES.items() for m in mods]
-    if native.why_pure("hicache") is None and native.why_pure("device_pool") is None:
+    if native.why_pure("hicache.tree") is None and native.why_pure("device_pool") is None:
         assert native.compiled_modules() == hot, native.describe()
         assert native.describe().startswith("compiled")
     else:
@@ -32,7 +32,7 @@ def test_the_active_path_is_the_one_selected() -> None:
 
 def test_hicache_pure_turns_the_compiled_path_off() -> None:
     env = {**os.environ, native.PURE_ENV: "1"}
-    code = "import hicache.native as n; print(n.describe())"
+    code = "import device_pool.native as n; print(n.describe())"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True
     )
@@ -41,13 +41,13 @@ def test_hicache_pure_turns_the_compiled_path_off() -> None:
 
 def _fake_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digest: str | None) -> Path:
     build = tmp_path / "native"
-    (build / "hicache").mkdir(parents=True)
-    for module in native.HOT_MODULES["hicache"]:
+    (build / "hicache" / "tree").mkdir(parents=True)
+    for module in native.HOT_MODULES["hicache.tree"]:
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
-        (build / "hicache" / f"{module}{suffix}").write_bytes(b"")
+        (build / "hicache" / "tree" / f"{module}{suffix}").write_bytes(b"")
     manifest = {
-        f"hicache.{m}": digest or native.source_digest("hicache", m)
-        for m in native.HOT_MODULES["hicache"]
+        f"hicache.tree.{m}": digest or native.source_digest("hicache.tree", m)
+        for m in native.HOT_MODULES["hicache.tree"]
     }
     (build / "manifest.json").write_text(json.dumps(manifest))
     monkeypatch.setattr(native, "BUILD", build)
@@ -61,8 +61,8 @@ def test_a_current_build_goes_first_on_the_package_path(
 ) -> None:
     build = _fake_build(tmp_path, monkeypatch, None)
     path = ["src"]
-    native.use_compiled("hicache", path)
-    assert path == [str(build / "hicache"), "src"]
+    native.use_compiled("hicache.tree", path)
+    assert path == [str(build / "hicache" / "tree"), "src"]
 
 
 def test_a_stale_build_is_never_used(
@@ -70,7 +70,7 @@ def test_a_stale_build_is_never_used(
 ) -> None:
     _fake_build(tmp_path, monkeypatch, "0" * 64)
     path = ["src"]
-    native.use_compiled("hicache", path)
+    native.use_compiled("hicache.tree", path)
     assert path == ["src"]
     assert "stale" in caplog.text
 
@@ -78,6 +78,6 @@ def test_a_stale_build_is_never_used(
 def test_no_build_and_pure_env_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native, "MANIFEST", tmp_path / "absent.json")
     monkeypatch.delenv(native.PURE_ENV, raising=False)
-    assert "no compiled build" in str(native.why_pure("hicache"))
+    assert "no compiled build" in str(native.why_pure("hicache.tree"))
     monkeypatch.setenv(native.PURE_ENV, "1")
     assert native.why_pure("device_pool") == f"{native.PURE_ENV}=1"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hicache.cache import HiRadixCache
 from hicache.factory import build_device_pool, build_host_pool
-from hicache.metrics import PREFETCH_OUTCOMES, CacheStats
+from hicache.observe.metrics import PREFETCH_OUTCOMES, CacheStats
 from storage_backends import StorageConfig, StorageStats
 from storage_backends.memory import MemoryBackend
 from tests.hicache.helpers import serve, two_tier

@@ -5,7 +5,7 @@ import torch
 
 from device_pool import SlotError
 from hicache.cache import CacheError
-from hicache.eviction import EVICTION_POLICIES
+from hicache.policies.eviction import EVICTION_POLICIES
 from tests.hicache.helpers import device_only, run_request
 
 

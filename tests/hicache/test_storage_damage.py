@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hicache.cache import HiRadixCache
-from hicache.config import CacheConfig
+from hicache.config.cache import CacheConfig
 from hicache.factory import build_device_pool, build_host_pool
 from storage_backends import StorageConfig
 from tests.faulty_backends import RaisingBackend

@@ -8,8 +8,8 @@ import lmdb
 import pytest
 
 from hicache.cache import CacheError, HiRadixCache
-from hicache.prefetch_policy import PREFETCH_POLICIES
-from hicache.results import MatchResult
+from hicache.policies.prefetch import PREFETCH_POLICIES
+from hicache.tiers.results import MatchResult
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
 
@@ -131,7 +131,7 @@ def test_corrupt_page_is_a_miss_and_never_loaded(tmp_path: Path) -> None:
 
 
 def cache_keys(cache: HiRadixCache, tokens: list[int]) -> list[bytes]:
-    from hicache.hashing import page_keys
+    from hicache.keys.hashing import page_keys
 
     return page_keys(cache.fingerprint, None, tokens, cache.page_size)
 
@@ -159,7 +159,7 @@ def test_warm_restart_across_processes(tmp_path: Path) -> None:
 
 
 def test_storage_needs_host_tier() -> None:
-    from hicache.config import CacheConfig
+    from hicache.config.cache import CacheConfig
 
     with pytest.raises(ValueError, match="host"):
         CacheConfig.from_mapping({"host": {"enabled": False}, "storage": {"backend": "memory"}})

@@ -1,4 +1,4 @@
-"""The two token-id converters (``hicache/token_ids.py`` and its compiled twin
+"""The two token-id converters (``hicache/tree/token_ids.py`` and its compiled twin
 ``token_ids.pyx``) accept the same ids, build the same keys and refuse the
 same inputs with the same message, leaving the key as it was."""
 
@@ -41,14 +41,14 @@ def _pack(module: object, head: list[int], ids: list[object] | tuple[object, ...
     as_tuple=st.booleans(),
 )
 def test_both_converters_agree(head: list[int], ids: list[object], as_tuple: bool) -> None:
-    pure, compiled = twins("hicache", "token_ids")
+    pure, compiled = twins("hicache.tree", "token_ids")
     given_ids = tuple(ids) if as_tuple else ids
     assert _pack(pure, head, given_ids) == _pack(compiled, head, given_ids)
 
 
 @pytest.mark.parametrize("bad", [-1, 2**31, 1.0, "7", None, 2**64])
 def test_a_bad_id_is_named(bad: object) -> None:
-    for module in twins("hicache", "token_ids"):
+    for module in twins("hicache.tree", "token_ids"):
         out = array("i", [5])
         with pytest.raises(ValueError, match=r"position 2 holds"):
             module.pack_into(out, [1, 2, bad, 3])

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hicache.radix_tree import MAX_TOKEN_ID, TokenKey, as_token_list, extend_key
+from hicache.tree.radix_tree import MAX_TOKEN_ID, TokenKey, as_token_list, extend_key
 from tests.hicache.helpers import device_only, run_request
 
 IDS = st.lists(st.integers(min_value=0, max_value=MAX_TOKEN_ID), max_size=64)

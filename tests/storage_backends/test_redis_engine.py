@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.config import CacheConfig
+from hicache.config.cache import CacheConfig
 from storage_backends import StorageConfig
 from storage_backends.redis_cluster import LocalRedisCluster
 from tests.engine.helpers import (

@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from hicache.bench.processes import ServerProcess, start_daemon
 from storage_backends import StorageConfig, create
-from storage_backends.remote import RemoteBackend
+from storage_backends.remote.client import RemoteBackend
 
 PAGE = 512
 IDS = st.lists(st.integers(0, 11), max_size=6)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hicache.cache import HiRadixCache
-from hicache.config import CacheConfig
+from hicache.config.cache import CacheConfig
 from storage_backends import StorageConfig, create
 from storage_backends.guard import GuardedBackend
 from storage_backends.memory import MemoryBackend

@@ -8,7 +8,7 @@ import msgspec
 import zmq
 
 from hicache.cache import HiRadixCache
-from hicache.events import ZmqEventPublisher
+from hicache.events.kv import ZmqEventPublisher
 from tests.hicache.kv_event_peers import PeerStructs
 
 

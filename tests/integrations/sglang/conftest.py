@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from hicache.bench.processes import ServerProcess, start_daemon
-from hicache.daemon.auth import keygen
 from hicache.integrations.sglang_cpu import enter_sglang
+from storage_backends.remote.keys import keygen
 
 enter_sglang()
 

@@ -1,0 +1,7 @@
+"""``python -m hicache.cli``: the ``hicache`` command."""
+
+import sys
+
+from hicache.cli.app import main
+
+sys.exit(main())

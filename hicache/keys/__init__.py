@@ -1,0 +1,1 @@
+"""Page keys: the SHA-256 chain that names a page in storage and in KV events."""

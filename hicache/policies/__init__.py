@@ -1,0 +1,1 @@
+"""Eviction, write and prefetch policies: small objects looked up by name in one registry each."""
