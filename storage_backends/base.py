@@ -69,9 +69,12 @@ class StorageBackend(Protocol):
         """Copy the page of each key into the caller-owned buffer ``dst[i]``.
 
         Returns per-key hits. A ``dst[i]`` whose length differs from the stored
-        payload is a miss. Mutates ``dst[i]`` only on a hit (damaged pages are
-        verified before anything is copied), updates recency of hit pages,
-        deletes damaged pages and updates the hit/miss/corrupt counters.
+        payload is a miss. Every hit's bytes were verified (key and checksum).
+        A miss for an absent key leaves ``dst[i]`` untouched; a miss for a page
+        found damaged may leave it partly written (a backend that reads straight
+        into the caller's buffer, ``disk``, verifies after the read): a miss's
+        buffer is never to be used. Updates recency of hit pages, deletes
+        damaged pages and updates the hit/miss/corrupt counters.
         """
         ...
 
@@ -117,9 +120,10 @@ class ScatterGet(Protocol):
         """Copy the page of each key into the buffers ``dst[i]``, in order.
 
         Returns per-key hits. Buffers whose lengths do not add up to the stored
-        payload length are a miss. Mutates ``dst[i]`` only on a hit (the page is
-        verified before anything is copied), updates recency of hit pages,
-        deletes damaged pages and updates the hit/miss/corrupt counters. Raises
+        payload length are a miss. What a hit or a miss leaves in ``dst[i]`` is
+        as for ``get`` (a damaged page's runs may be partly written), updates
+        recency of hit pages, deletes damaged pages and updates the
+        hit/miss/corrupt counters. Raises
         like ``get`` (ValueError for malformed arguments or a read-only buffer,
         ``StorageClosedError`` after ``close()``). Thread-safe like ``get``.
         """

@@ -47,6 +47,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from typing import NamedTuple
 
 import torch
@@ -460,15 +461,8 @@ class HicacheLinker(UnifiedCacheLinker):  # type: ignore[misc]
         with self._lock:
             futures = [*self._offloads]
         futures += [job.future for job in self._loading.values() if job.future is not None]
-        deadline = timeout_s
-        for future in futures:
-            try:
-                future.result(deadline)
-            except FutureTimeout:
-                return False
-            except Exception:  # a failed job has finished too
-                pass
-        return True
+        # One bound for all of them; a job that failed has finished too.
+        return not wait_futures(futures, timeout=timeout_s).not_done
 
     def reset(self) -> None:
         """Wait (bounded) for transfers in flight, then drop every queued load,

@@ -26,6 +26,7 @@ from storage_backends.remote.protocol import (
     decode_reply,
     encode_request,
 )
+from tests.polling import wait_until
 
 _START_TIMEOUT_S = 30.0
 REPLY_TIMEOUT_S = 10.0
@@ -59,7 +60,10 @@ class Client:
         DEALER whose handshake was refused has no peer to send to)."""
         if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
             return None
-        self.sock.send_multipart(list(frames), zmq.NOBLOCK)
+        try:
+            self.sock.send_multipart(list(frames), zmq.NOBLOCK)
+        except zmq.Again:  # the peer went between the poll and the send (a refused handshake)
+            return None
         return self.recv(timeout_s)
 
     def recv(self, timeout_s: float = REPLY_TIMEOUT_S) -> list[bytes] | None:
@@ -125,6 +129,10 @@ class Daemon:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
+
+    def wait_log(self, text: str, timeout_s: float = REPLY_TIMEOUT_S) -> bool:
+        """Whether ``text`` appears anywhere in the daemon's log within ``timeout_s``."""
+        return wait_until(lambda: text in self.log_path.read_text(errors="replace"), timeout_s)
 
     def rss_bytes(self, field: str = "VmRSS") -> int:
         """A memory figure of ``/proc/<pid>/status`` (``RssAnon``: heap, not the LMDB map)."""

@@ -49,8 +49,12 @@ def test_clients_without_an_allowed_key_get_nothing(curve_daemon, connect) -> No
     daemon, keys = curve_daemon
     alice = connect(daemon.endpoint, _curve(keys, "alice"))
     daemon.wait_ping(alice)
-    for stranger in (connect(daemon.endpoint, _curve(keys, "mallory")), connect(daemon.endpoint)):
-        assert stranger.call(Op.PING, timeout_s=NO_REPLY_WAIT_S) is None
+    mallory = connect(daemon.endpoint, _curve(keys, "mallory"))
+    # Unsendable (the refused handshake took the peer away) or unanswered: nothing either way.
+    assert mallory.call(Op.PING, timeout_s=NO_REPLY_WAIT_S) is None
+    assert daemon.wait_log("refused a CURVE client with an unknown key")  # it did knock
+    assert mallory.call(Op.PING, timeout_s=NO_REPLY_WAIT_S) is None  # after the refusal too
+    assert connect(daemon.endpoint).call(Op.PING, timeout_s=NO_REPLY_WAIT_S) is None  # no CURVE
     stats = alice.call(Op.STATS).stats
     assert stats['hicache_daemon_requests_total{op="PING"}'] == 1  # only alice's
 
