@@ -37,6 +37,7 @@ from hicache.daemon.store import DaemonStore, check_record, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
 from storage_backends.page_format import Verdict
 from storage_backends.remote.protocol import (
+    ContainsReply,
     DeleteReply,
     ErrorCode,
     ErrorReply,
@@ -254,7 +255,7 @@ class DaemonServer:
             return PingReply(request.id, self._server)
         if request.op is Op.STATS:
             return self._stats(request, tenant)
-        if request.op in (Op.EXISTS, Op.GET):
+        if request.op in (Op.EXISTS, Op.CONTAINS, Op.GET):
             self._submit_read(ReadJob(identity.bytes, request, keys, tenant, start))
             return None
         self._admit_write(request, nbytes)
@@ -290,6 +291,9 @@ class DaemonServer:
             if request.op is Op.EXISTS:
                 count = self._store.exists(job.keys, job.tenant)
                 return ReadDone(job, ExistsReply(request.id, count))
+            if request.op is Op.CONTAINS:
+                present = tuple(self._store.contains(job.keys, job.tenant))
+                return ReadDone(job, ContainsReply(request.id, present))
             return self._get(job)
         except ProtocolError as exc:
             return ReadDone(job, ErrorReply(request.id, exc.code, exc.message))
