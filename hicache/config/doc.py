@@ -98,7 +98,10 @@ DAEMON_MEANINGS: dict[str, str] = {
     "server.shutdown_timeout_s": "on SIGTERM, longest wait for in-flight writes to commit",
     "server.max_queued_reply_bytes_per_peer": "GET replies one client has not read; over it, BUSY",
     "server.max_queued_reply_bytes": "GET replies not read yet, all clients; over it, BUSY",
-    "server.max_peers": "connections at once; more are shut at once (kept under the fd limit)",
+    "server.max_peers": (
+        "connections at once (kept under the fd limit); a new one over it takes the slot of "
+        "the connection longest without traffic"
+    ),
     "server.readers": "threads answering GET and EXISTS; one client's reads at a time, in turn",
     "server.heartbeat_s": "ZMTP heartbeat; a peer silent for 3 intervals is dropped; 0: off",
     "server.handshake_timeout_s": "a connection that has not handshaken by then is dropped",

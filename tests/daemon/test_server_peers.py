@@ -62,3 +62,26 @@ def test_idle_peers_cannot_lock_new_clients_out(start_daemon, connect, tmp_path)
     print(f"daemon CPU {busy:.0%} with {IDLE_PEERS} idle peers; {dropped} dropped")
     assert dropped == IDLE_PEERS  # over the bound at once, the rest at the handshake timeout
     assert "refused a connection" in daemon.log()
+
+
+def test_a_new_engine_is_answered_at_once_when_idle_peers_fill_the_slots(
+    start_daemon, connect, tmp_path
+) -> None:
+    extra = "max_peers = 4\nhandshake_timeout_s = 60.0\n"  # the idle ones are not timed out
+    daemon = start_daemon(daemon_toml(tmp_path / "store", extra))
+    address = urlsplit(daemon.endpoint)
+    idle = [socket.create_connection((address.hostname, address.port)) for _ in range(3)]
+    try:
+        engine = connect(daemon.endpoint)  # after the idle ones, and it talks
+        deadline = time.monotonic() + 30
+        while daemon.stat(engine, "hicache_daemon_peers") < 4:
+            assert time.monotonic() < deadline, "the daemon did not count its peers"
+        newcomer = connect(daemon.endpoint)
+        # One try: the slot of the idlest connection is given to the newcomer.
+        assert isinstance(newcomer.call(Op.PING), PingReply)
+        assert isinstance(engine.call(Op.PING), PingReply)  # the talking engine stays
+        assert _closed_by_peer(idle[0], 10.0)  # the oldest of the silent ones made room
+    finally:
+        for sock in idle:
+            sock.close()
+    assert "refused a connection, the idlest connection" in daemon.log()
