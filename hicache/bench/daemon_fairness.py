@@ -23,7 +23,7 @@ from storage_backends.remote.protocol import Op, Request, encode_request
 
 BULK_PAGE_BYTES = 256 << 10
 BULK_PAGES = 16
-BULK_WINDOW = 4  # bulk requests in flight
+BULK_WINDOW = 16  # bulk requests in flight (the remote backend keeps up to 64)
 PROBES = 200
 
 
