@@ -112,3 +112,36 @@ class StorageBackend(Protocol):
         """Release the store; idempotent. Later calls of other methods raise
         ``StorageClosedError``."""
         ...
+
+
+@runtime_checkable
+class ScatterGet(Protocol):
+    """Optional: read each page into several buffers (a page that is several runs of
+    memory at its destination, as an MHA page's K and V in a host pool).
+
+    Same promises as ``StorageBackend.get``; a backend without it is served by
+    ``storage_backends.scatter.get_scatter`` (one staging copy more).
+    """
+
+    def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
+        """Copy the page of each key into the buffers ``dst[i]``, in order.
+
+        Returns per-key hits. Buffers whose lengths do not add up to the stored
+        payload length are a miss. Mutates ``dst[i]`` only on a hit (the page is
+        verified before anything is copied), updates recency of hit pages,
+        deletes damaged pages and updates the hit/miss/corrupt counters. Raises
+        like ``get`` (ValueError for malformed arguments or a read-only buffer,
+        ``StorageClosedError`` after ``close()``). Thread-safe like ``get``.
+        """
+        ...
+
+
+@runtime_checkable
+class FailedCalls(Protocol):
+    """Optional: how many calls failed for a reason other than a miss (no reply in
+    time, a refused connection, an error reply, an exception), without any I/O, so
+    that an engine's scheduler thread may ask. Thread-safe; mutates nothing."""
+
+    def failed_calls(self) -> int:
+        """The count since this backend object was created."""
+        ...

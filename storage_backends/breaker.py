@@ -1,4 +1,4 @@
-"""A circuit breaker: after repeated failures, fail fast for a while instead of waiting."""
+"""A circuit breaker: once the peer is seen to be down, fail fast for a while instead of waiting."""
 
 from __future__ import annotations
 
@@ -21,9 +21,12 @@ class Admission(enum.Enum):
 
 
 class CircuitBreaker:
-    """Counts consecutive failures of a remote peer.
+    """Tells whether a remote peer is worth a call.
 
-    ``failures`` failures in a row open the breaker for ``cooldown_s``; then
+    Two kinds of failure: ``record_down`` is evidence that the peer is gone (no
+    reply in time, a refused or dropped connection) and opens the breaker at
+    once; ``record_failure`` is a peer that answered badly (busy, an internal
+    error), and ``failures`` of those in a row open it. Open, it fails fast for ``cooldown_s``; then
     one caller is let through as a probe. A successful probe closes the
     breaker; a failed one reopens it with twice the cool-down (up to
     ``max_cooldown_s``), so a peer that stays away costs one timeout per
@@ -83,14 +86,24 @@ class CircuitBreaker:
             self._cooldown = self._base
 
     def record_failure(self) -> None:
+        """The peer answered, badly: counts towards ``failures`` in a row."""
         with self._lock:
             self._consecutive += 1
-            if self._state is BreakerState.HALF_OPEN:
-                self._cooldown = min(self._cooldown * 2, self._max)
-                self._open()
-            elif self._state is BreakerState.CLOSED and self._consecutive >= self._threshold:
-                self._opened += 1
-                self._open()
+            self._fail(self._consecutive >= self._threshold)
+
+    def record_down(self) -> None:
+        """Evidence that the peer is gone: open now (a probe that failed reopens)."""
+        with self._lock:
+            self._consecutive += 1
+            self._fail(True)
+
+    def _fail(self, enough: bool) -> None:
+        if self._state is BreakerState.HALF_OPEN:
+            self._cooldown = min(self._cooldown * 2, self._max)
+            self._open()
+        elif self._state is BreakerState.CLOSED and enough:
+            self._opened += 1
+            self._open()
 
     def _open(self) -> None:
         self._state = BreakerState.OPEN

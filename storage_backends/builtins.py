@@ -10,6 +10,7 @@ from types import MappingProxyType
 BUILTIN_BACKENDS: MappingProxyType[str, str] = MappingProxyType(
     {
         "memory": "storage_backends.memory:MemoryBackend",
+        "disk": "storage_backends.disk:DiskBackend",
         "lmdb": "storage_backends.lmdb_backend:LmdbBackend",
         "file": "storage_backends.file_backend:FileBackend",
         "redis": "storage_backends.redis_backend:RedisBackend",

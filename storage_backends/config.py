@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,51 @@ from storage_backends.builtins import BUILTIN_BACKENDS
 
 BACKENDS = ("none", *BUILTIN_BACKENDS)
 ENDPOINT_SCHEMES = ("tcp://", "ipc://")
+
+
+class SyncLevel(enum.Enum):
+    """Durability of acknowledged writes (``storage.sync``), one vocabulary for every
+    backend that writes files. No level ever serves a wrong byte (every read is
+    verified); they differ in what a crash may cost.
+
+    - ``none``: nothing is fsynced. A process crash (``kill -9``) loses no
+      acknowledged page; an OS crash may lose recent pages, and an index left
+      damaged by it (disk, lmdb) is quarantined at the next open: the cache starts empty.
+    - ``index``: each batch's index commit is fsynced, page data is left to the OS
+      (as SGLang's HiCacheFile and vLLM's fs tier). An OS crash may lose the pages
+      of the last seconds (they read as misses); the index survives. For stores
+      whose data is their index (lmdb, file) this is ``full``.
+    - ``full``: page data is fsynced, then the index: an OS crash loses no
+      acknowledged page.
+    """
+
+    NONE = "none"
+    INDEX = "index"
+    FULL = "full"
+
+    @property
+    def fsync_index(self) -> bool:
+        return self is not SyncLevel.NONE
+
+    @property
+    def fsync_data(self) -> bool:
+        return self is SyncLevel.FULL
+
+
+SYNC_LEVELS = tuple(level.value for level in SyncLevel)
+
+
+def sync_level(value: str | bool) -> SyncLevel:
+    """The level a ``storage.sync`` value names; ``true``/``false`` (older configs) are
+    ``full``/``none``. ValueError for another word."""
+    if isinstance(value, bool):
+        return SyncLevel.FULL if value else SyncLevel.NONE
+    try:
+        return SyncLevel(value)
+    except ValueError:
+        raise ValueError(
+            f"storage.sync must be one of {SYNC_LEVELS} (or true/false), got {value!r}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -31,9 +77,8 @@ class StorageConfig:
     max_page_bytes: int = 64 << 20
     fingerprint: str = ""
     allow_fingerprint_mismatch: bool = False
-    # Flush each write batch to disk (LMDB commit, file rename). False is faster; a process
-    # crash still loses nothing, but an OS crash may lose (LMDB: damage) recent batches.
-    sync: bool = True
+    # Durability: a SyncLevel word ("none", "index", "full"); true/false mean full/none.
+    sync: str | bool = SyncLevel.INDEX.value
     # Network backends: where the store is: "redis://host:port[,host:port...]" (redis),
     # "mooncake://master-host:port[?metadata=...]" (mooncake), "tcp://host:port" or
     # "ipc://path" (remote: the daemon).
@@ -42,13 +87,18 @@ class StorageConfig:
     key_prefix: str = "hicache"
     # remote: CURVE is on when both key files are set (a client certificate with its
     # secret key, and the daemon's public certificate, as ``hicache keygen`` writes
-    # them). Breaker: after ``breaker_failures`` failed requests in a row, calls fail
-    # fast for ``breaker_cooldown_s`` (doubling while the daemon stays away, up to 8×)
-    # instead of each waiting.
+    # them). Breaker: a request left unanswered (or a dropped connection) opens it at
+    # once, as do ``breaker_failures`` BUSY/INTERNAL replies in a row; open, calls fail
+    # fast for ``breaker_cooldown_s``, then one PING probes the daemon.
     curve_client_key: str = ""
     curve_server_key: str = ""
     breaker_failures: int = 3
     breaker_cooldown_s: float = 1.0
+    # disk: threads doing one batch's reads and writes (bytes in flight); size of one segment
+    # file; O_DIRECT (no page cache; a clear error where the file system refuses it).
+    io_threads: int = 4
+    segment_bytes: int = 1 << 30
+    direct_io: bool = False
 
     def __post_init__(self) -> None:
         if not _known_backend(self.backend):
@@ -78,6 +128,11 @@ class StorageConfig:
             raise ValueError(f"storage.timeout_s must be > 0, got {self.timeout_s}")
         if self.max_page_bytes < 1:
             raise ValueError(f"storage.max_page_bytes must be >= 1, got {self.max_page_bytes}")
+        sync_level(self.sync)
+        if self.io_threads < 1:
+            raise ValueError(f"storage.io_threads must be >= 1, got {self.io_threads}")
+        if self.segment_bytes < 1 << 20:
+            raise ValueError(f"storage.segment_bytes must be >= 1 MiB, got {self.segment_bytes}")
         if self.backend == "remote":
             self._check_remote()
 
@@ -101,6 +156,11 @@ class StorageConfig:
     @property
     def enabled(self) -> bool:
         return self.backend != "none"
+
+    @property
+    def sync_level(self) -> SyncLevel:
+        """``sync`` as a SyncLevel (what backends read)."""
+        return sync_level(self.sync)
 
     def store_dir(self) -> Path:
         """``path``, or when empty ``user_cache_dir()/store/<fingerprint prefix>``

@@ -33,8 +33,8 @@ from storage_backends.page_format import (
     Verdict,
     build_header,
     check_header,
-    copy_verified,
 )
+from storage_backends.scatter import Runs, check_scatter, copy_verified_runs, total
 from storage_backends.store_dir import StoreMeta, prepare_store_dir, reconcile_meta
 
 logger = logging.getLogger(__name__)
@@ -234,16 +234,23 @@ class FileBackend:
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
-        views = check_batch(keys, dst, writable=True)
+        return self._read_runs(keys, [[view] for view in check_batch(keys, dst, writable=True)])
+
+    def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
+        self._check_open()
+        return self._read_runs(keys, check_scatter(keys, dst))
+
+    def _read_runs(self, keys: Sequence[bytes], dst: list[Runs]) -> list[bool]:
+        """Verified copies of the pages into their runs (``get`` and ``get_scatter``)."""
         hits = [False] * len(keys)
         corrupt = 0
-        for i, (key, view) in enumerate(zip(keys, views, strict=True)):
-            read = self._read_page(key, view)
+        for i, (key, runs) in enumerate(zip(keys, dst, strict=True)):
+            read = self._read_page(key, runs)
             if read is None:
                 continue
             hits[i] = read.verdict is Verdict.OK
             if hits[i]:
-                self._note_use(key, HEADER_BYTES + len(view))
+                self._note_use(key, HEADER_BYTES + total(runs))
             elif read.verdict.corrupt:
                 corrupt += self._drop_damaged(key, read)
         n_hits = sum(hits)
@@ -258,16 +265,17 @@ class FileBackend:
             self._scratch.buf = buf
         return memoryview(buf)[:size]
 
-    def _read_page(self, key: bytes, view: memoryview) -> _Read | None:
-        """Check the page file and copy its payload into ``view`` if intact; None if absent."""
+    def _read_page(self, key: bytes, runs: Runs) -> _Read | None:
+        """Check the page file and copy its payload into ``runs`` if intact; None if absent."""
         path = self._path(key)
-        want = HEADER_BYTES + len(view)
+        size = total(runs)
+        want = HEADER_BYTES + size
         try:
             with open(path, "rb", buffering=0) as file:
                 stat = os.fstat(file.fileno())
                 if stat.st_size != want:
                     header = file.read(HEADER_BYTES)
-                    verdict = check_header(header, key, stat.st_size - HEADER_BYTES, len(view))
+                    verdict = check_header(header, key, stat.st_size - HEADER_BYTES, size)
                     return _Read(verdict, stat.st_ino)
                 scratch = self._scratch_view(want)
                 got = _read_exact(file, scratch)
@@ -277,7 +285,7 @@ class FileBackend:
         except OSError as exc:
             self._log.failure(f"could not read page files in {self._pages_dir}", exc)
             return None
-        return _Read(copy_verified(scratch[:got], key, view), stat.st_ino)
+        return _Read(copy_verified_runs(scratch[:got], key, runs), stat.st_ino)
 
     def _drop_damaged(self, key: bytes, read: _Read) -> int:
         """Delete a damaged page file unless a writer replaced it meanwhile; 1 if deleted."""
@@ -345,7 +353,7 @@ class FileBackend:
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=_TMP_PREFIX)
             try:
                 _write_all(fd, [memoryview(build_header(key, view)), view])
-                if self._config.sync:
+                if self._config.sync_level.fsync_index:  # its data is its index
                     os.fsync(fd)
             finally:
                 os.close(fd)

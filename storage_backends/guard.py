@@ -17,14 +17,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from storage_backends.base import StorageBackend, StorageStats
+from storage_backends.base import FailedCalls, StorageBackend, StorageStats
 from storage_backends.batch import check_batch, check_keys
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StoreDamagedError
 from storage_backends.log_limit import LogLimiter
 from storage_backends.registry import create
+from storage_backends.scatter import check_scatter, get_scatter
 from storage_backends.store_dir import quarantine_store
+from storage_backends.store_kind import as_found
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,17 @@ class GuardedBackend:
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         check_batch(keys, dst, writable=True)
         return self._call("get", lambda b: b.get(keys, dst), [False] * len(keys))
+
+    def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
+        check_scatter(keys, dst)
+        return self._call("get", lambda b: get_scatter(b, keys, dst), [False] * len(keys))
+
+    def failed_calls(self) -> int:
+        """Calls that raised here plus the backend's own failed calls, where it counts
+        them without I/O (``FailedCalls``); no I/O, thread-safe."""
+        backend = self._backend
+        inner = backend.failed_calls() if isinstance(backend, FailedCalls) else 0
+        return self._counters.snapshot(0, 0, 0).errors + inner
 
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         check_batch(keys, src, writable=False)
@@ -172,7 +185,10 @@ class GuardedBackend:
 def open_guarded(name: str, config: StorageConfig) -> GuardedBackend:
     """Create backend ``name`` (``storage_backends.create``) behind a guard
     that, when the store turns out damaged at run time, moves it aside and
-    starts an empty one. Raises what ``create`` raises."""
+    starts an empty one. A local store directory that already holds another
+    kind of store (``store_kind``) is opened as that kind, logged, never
+    replaced by an empty one (the empty store after a quarantine is ``name``'s).
+    Raises what ``create`` raises."""
 
     def replace() -> StorageBackend:
         if config.path:
@@ -180,7 +196,9 @@ def open_guarded(name: str, config: StorageConfig) -> GuardedBackend:
             logger.error("damaged store moved to %s", moved)
         return create(name, config)
 
-    return GuardedBackend(create(name, config), replace, config.timeout_s)
+    found = as_found(config) if name == config.backend else None
+    first = create(found.backend, found) if found is not None else create(name, config)
+    return GuardedBackend(first, replace, config.timeout_s)
 
 
 def _contains(backend: StorageBackend, keys: Sequence[bytes]) -> list[bool]:

@@ -1,4 +1,4 @@
-"""Read-only scans of a store directory (lmdb or file): what it holds, and
+"""Read-only scans of a store directory (disk, lmdb or file): what it holds, and
 whether every page passes its checksum. Nothing here writes to the store;
 damaged pages are reported, not deleted (the backends delete them on read).
 """
@@ -13,6 +13,7 @@ from typing import NamedTuple
 import lmdb
 
 from storage_backends import file_backend, lmdb_backend
+from storage_backends.disk import scan as disk_scan
 from storage_backends.errors import StorageOpenError
 from storage_backends.page_format import HEADER_BYTES, Verdict, parse_header, validate
 
@@ -24,7 +25,7 @@ class StoreSummary(NamedTuple):
     """What a store directory holds, as recorded and as counted."""
 
     path: Path
-    kind: str  # "lmdb" or "file"
+    kind: str  # "disk", "lmdb" or "file"
     format_version: int
     fingerprint: str
     pages: int
@@ -47,17 +48,24 @@ class VerifyResult(NamedTuple):
 
 
 def store_kind(path: Path) -> str:
-    """``lmdb`` or ``file``; StorageOpenError when ``path`` is neither."""
+    """``disk``, ``lmdb`` or ``file``; StorageOpenError when ``path`` is none of them."""
+    if disk_scan.is_disk_store(path):
+        return "disk"
     if (path / _LMDB_DATA).is_file():
         return "lmdb"
     if (path / file_backend._META_FILE).is_file():
         return "file"
-    raise StorageOpenError(f"{path}: not an lmdb or file store (no {_LMDB_DATA}, no store.json)")
+    raise StorageOpenError(
+        f"{path}: not a disk, lmdb or file store (no index/{_LMDB_DATA}, {_LMDB_DATA}, store.json)"
+    )
 
 
 def pages(path: Path) -> Iterator[tuple[bytes, bytes]]:
     """Every stored (key, header+payload) of the store at ``path``."""
-    if store_kind(path) == "lmdb":
+    kind = store_kind(path)
+    if kind == "disk":
+        yield from disk_scan.pages(path)
+    elif kind == "lmdb":
         yield from _lmdb_pages(path)
     else:
         yield from _file_pages(path)
@@ -65,7 +73,8 @@ def pages(path: Path) -> Iterator[tuple[bytes, bytes]]:
 
 def summarize(path: Path) -> StoreSummary:
     kind = store_kind(path)
-    version, fingerprint = _lmdb_meta(path) if kind == "lmdb" else _file_meta(path)
+    readers = {"disk": disk_scan.meta, "lmdb": _lmdb_meta, "file": _file_meta}
+    version, fingerprint = readers[kind](path)
     count = stored = payload = 0
     sizes: Counter[int] = Counter()
     for _key, blob in pages(path):

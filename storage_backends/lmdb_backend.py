@@ -33,13 +33,14 @@ from storage_backends.errors import (
     StoreDamagedError,
 )
 from storage_backends.lmdb_check import check_store
+from storage_backends.lmdb_clean import OpenLock, OpenState
 from storage_backends.page_format import (
     HEADER_BYTES,
     Verdict,
-    copy_verified,
     encode_page,
     validate,
 )
+from storage_backends.scatter import Runs, check_scatter, copy_verified_runs
 from storage_backends.store_dir import (
     StoreMeta,
     prepare_store_dir,
@@ -58,9 +59,10 @@ _TOUCH_FLUSH = 4096
 # LMDB rounds large values up to whole pages and needs room for B-tree pages
 # and transaction copies; the map gets this much beyond max_bytes.
 _MIN_HEADROOM = 64 << 20
-# The structural check of an existing store reads every B-tree page; a healthy
-# store of millions of pages takes seconds, a looping damaged one is cut off.
-_MIN_CHECK_S = 60.0
+# The structural check of a store not closed cleanly reads every B-tree page; a
+# healthy store of millions of pages takes seconds (minutes on a cold disk). Running
+# out of time is not damage: the store is then opened unchecked.
+CHECK_MIN_S = 60.0
 # LMDB errors that mean the store's structure (not one call) is broken.
 _DAMAGE_ERRORS = (
     lmdb.CorruptedError,
@@ -197,7 +199,7 @@ def _open_env(path: Path, config: StorageConfig) -> lmdb.Environment:
             subdir=True,
             max_dbs=4,
             metasync=False,
-            sync=config.sync,
+            sync=config.sync_level.fsync_index,
             max_spare_txns=4,
         )
     except lmdb.Error as exc:
@@ -228,14 +230,13 @@ class LmdbBackend:
     def __init__(self, config: StorageConfig) -> None:
         self._config = config
         self._counters = StatCounters()
-        path = prepare_store_dir(config)
-        damage = check_store(path, max(_MIN_CHECK_S, config.timeout_s)).damage
-        if damage is not None:
-            path = self._quarantine(path, damage)
+        self._hold: OpenLock | None = None
+        path = self._checked_dir(prepare_store_dir(config))
         try:
-            self._env, self._dbs = self._open(path)
-        except StoreDamagedError as exc:  # damage the child's walk could not see
-            self._env, self._dbs = self._open(self._quarantine(path, str(exc)))
+            self._env, self._dbs = self._open_or_quarantine(path)
+        except BaseException:
+            self._let_go(mark_clean=False)
+            raise
         self._write_lock = threading.Lock()
         self._lock = threading.Lock()
         self._touched: OrderedDict[bytes, None] = OrderedDict()
@@ -243,6 +244,46 @@ class LmdbBackend:
         self._identity = _file_identity(Path(self._env.path()))
         self._retired: list[lmdb.Environment] = []  # replaced by a reopen; closed at close()
         self._generation = 0  # environments replaced so far
+
+    def _open_or_quarantine(self, path: Path) -> tuple[lmdb.Environment, _Dbs]:
+        try:
+            return self._open(path)
+        except StoreDamagedError as exc:  # damage the child's walk could not see
+            return self._open(self._quarantine(path, str(exc)))
+
+    def _checked_dir(self, path: Path) -> Path:
+        """Hold ``path`` open and run the structural check unless the store is known sound;
+        a store the check finds damaged is quarantined (the returned path is then empty)."""
+        state = self._take_hold(path)
+        if state is not OpenState.UNKNOWN:
+            if state is not OpenState.NEW:
+                logger.info("LMDB store %s: %s, not checked", path, state.value)
+            return path
+        bound = max(CHECK_MIN_S, self._config.timeout_s)
+        result = check_store(path, bound)
+        if result.damage is not None:
+            return self._quarantine(path, result.damage)
+        if not result.finished:
+            logger.warning(
+                "LMDB store %s: the structural check did not finish in %g s; opening it "
+                "unchecked (each page is still verified when read)",
+                path,
+                bound,
+            )
+        return path
+
+    def _take_hold(self, path: Path) -> OpenState:
+        try:
+            self._hold = OpenLock(path)
+        except OSError as exc:
+            logger.warning("LMDB store %s: no open lock (%s); checking it", path, exc)
+            return OpenState.UNKNOWN
+        return self._hold.state
+
+    def _let_go(self, mark_clean: bool) -> None:
+        if self._hold is not None:
+            self._hold.release(mark_clean)
+            self._hold = None
 
     def _reopen_if_replaced(self) -> bool:
         """Reopen the store if its ``data.mdb`` was deleted or replaced since it was opened
@@ -289,12 +330,15 @@ class LmdbBackend:
 
     def _quarantine(self, path: Path, damage: str) -> Path:
         """Move the damaged store aside, count it, and return the (new, empty) store path."""
+        self._let_go(mark_clean=False)  # its lock file moves with it
         moved = quarantine_store(path)
         logger.error(
             "LMDB store %s is damaged (%s); moved to %s, starting empty", path, damage, moved
         )
         self._counters.record_quarantine()
-        return prepare_store_dir(self._config)
+        fresh = prepare_store_dir(self._config)
+        self._take_hold(fresh)
+        return fresh
 
     def _open(self, path: Path) -> tuple[lmdb.Environment, _Dbs]:
         env = _open_env(path, self._config)
@@ -356,15 +400,22 @@ class LmdbBackend:
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
-        views = check_batch(keys, dst, writable=True)
+        return self._read_runs(keys, [[view] for view in check_batch(keys, dst, writable=True)])
+
+    def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
+        self._check_open()
+        return self._read_runs(keys, check_scatter(keys, dst))
+
+    def _read_runs(self, keys: Sequence[bytes], dst: list[Runs]) -> list[bool]:
+        """Verified copies of the pages into their runs (``get`` and ``get_scatter``)."""
         hits = [False] * len(keys)
         damaged: list[bytes] = []
         with self._reading() as txn:
-            for i, (key, view) in enumerate(zip(keys, views, strict=True)):
+            for i, (key, runs) in enumerate(zip(keys, dst, strict=True)):
                 blob = txn.get(key, db=self._dbs.pages)
                 if blob is None:
                     continue
-                verdict = copy_verified(memoryview(blob), key, view)  # a view already: no copy
+                verdict = copy_verified_runs(memoryview(blob), key, runs)  # a view: no copy
                 hits[i] = verdict is Verdict.OK
                 if verdict.corrupt:
                     damaged.append(key)
@@ -576,9 +627,19 @@ class LmdbBackend:
             if self._closed:
                 return
             self._closed = True
+            flushed = False
             try:
                 self._flush_touches()
+                self._env.sync(True)  # the marker promises the file as it is on disk
+                flushed = True
+            except lmdb.Error:
+                logger.exception("LMDB store %s: flush at close failed", self._config.path)
             finally:
                 self._env.close()
                 for env in self._retired:
                     env.close()
+                self._let_go(mark_clean=flushed and self._marks_current_store())
+
+    def _marks_current_store(self) -> bool:
+        """The hold is on the directory of the open environment (no swap since open)."""
+        return self._hold is not None and self._generation == 0

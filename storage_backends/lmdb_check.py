@@ -31,16 +31,20 @@ _FINGERPRINT = b"fingerprint"
 
 
 class CheckResult(NamedTuple):
-    """``damage`` is None for a sound store, else why it is damaged."""
+    """``damage`` is None unless damage was found, else what it is. ``finished`` is False
+    when the walk ran out of time: no damage was found, and none ruled out."""
 
     damage: str | None
+    finished: bool = True
 
 
 def check_store(path: Path, timeout_s: float) -> CheckResult:
     """Walk the LMDB store at ``path`` in a child process (at most ``timeout_s``).
 
     A store without ``data.mdb`` is new and not checked. A child that cannot
-    be started is not evidence of damage: the store is then reported sound.
+    be started, or that runs out of time (a big, sound store on a cold disk takes
+    minutes), is not evidence of damage: no damage is reported (``finished`` False
+    for the time-out).
     """
     if not (path / "data.mdb").exists():
         return CheckResult(None)
@@ -49,7 +53,7 @@ def check_store(path: Path, timeout_s: float) -> CheckResult:
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
-        return CheckResult(f"the structural check did not finish in {timeout_s:g} s")
+        return CheckResult(None, finished=False)
     except OSError:
         return CheckResult(None)
     if done.returncode < 0:

@@ -12,7 +12,8 @@ from storage_backends.batch import check_batch, check_keys
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError
-from storage_backends.page_format import Verdict, copy_verified, encode_page
+from storage_backends.page_format import Verdict, encode_page
+from storage_backends.scatter import Runs, check_scatter, copy_verified_runs
 
 
 class _Inserted(NamedTuple):
@@ -57,7 +58,14 @@ class MemoryBackend:
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
-        views = check_batch(keys, dst, writable=True)
+        return self._read(keys, [[view] for view in check_batch(keys, dst, writable=True)])
+
+    def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
+        self._check_open()
+        return self._read(keys, check_scatter(keys, dst))
+
+    def _read(self, keys: Sequence[bytes], dst: list[Runs]) -> list[bool]:
+        """Verified copies of the pages into their runs (``get`` and ``get_scatter``)."""
         with self._lock:
             blobs = [self._pages.get(key) for key in keys]
             for key, blob in zip(keys, blobs, strict=True):
@@ -65,10 +73,10 @@ class MemoryBackend:
                     self._pages.move_to_end(key)
         hits = [False] * len(keys)
         corrupt = 0
-        for i, (key, blob, view) in enumerate(zip(keys, blobs, views, strict=True)):
+        for i, (key, blob, runs) in enumerate(zip(keys, blobs, dst, strict=True)):
             if blob is None:
                 continue
-            verdict = copy_verified(memoryview(blob), key, view)
+            verdict = copy_verified_runs(memoryview(blob), key, runs)
             hits[i] = verdict is Verdict.OK
             if verdict.corrupt:
                 corrupt += self._drop_if_same(key, blob)

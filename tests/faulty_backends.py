@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from storage_backends import StorageStats
+from storage_backends.memory import MemoryBackend
 
 
 class RaisingBackend:
@@ -42,3 +43,11 @@ class RaisingBackend:
 
     def close(self) -> None:
         self._fail()
+
+
+class ScatterOnlyMemory(MemoryBackend):
+    """A memory store whose plain ``get`` refuses a batch: a caller that should read
+    pages straight into their runs (``get_scatter``) gets misses if it stages them."""
+
+    def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
+        raise RuntimeError("get() called where get_scatter() was expected")

@@ -33,6 +33,7 @@ REQUIRED = (
     "hicache_daemon_store_used_bytes",
     "hicache_daemon_requests_total",
     "hicache_daemon_errors_total",
+    "hicache_storage_backend_errors_total",  # a daemon down, refusing or timing out
 )
 Samples = dict[str, list[dict[str, str]]]  # sample name -> the label sets exported
 

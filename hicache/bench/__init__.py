@@ -74,6 +74,7 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
                 {"storage.backend": "--backend", "storage.endpoint": "--endpoint"}
             ),
         ),
+        "storage-open": Benchmark("hicache.bench.store_open", reads=()),
         "engine": Benchmark(
             "hicache.bench.engine",
             ignores=(

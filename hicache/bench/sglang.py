@@ -7,10 +7,11 @@ prefetch thread's hit query (``batch_exists`` in chunks of 128) and reads
 (``batch_get`` into flat pages, or ``batch_get_v1`` straight into the host
 pool). Targets, one after the other on the same pages and the same disk:
 SGLang's ``HiCacheFile`` (generic path: one file per page, ``readinto``, no
-fsync) as the baseline; ``HicacheStorage`` over LMDB in-process (v1, sync
-off like the baseline, checksums on), over the daemon on ``ipc://`` and on
-``tcp://`` (sync off); and the daemon read by 2 processes at once against
-HiCacheFile read by 2 processes at once. Reads are warm (just written: in the
+fsync) as the baseline; ``HicacheStorage`` over LMDB and over the ``disk``
+backend in-process (v1, sync off like the baseline, checksums on), over the
+daemon on ``ipc://`` and on ``tcp://`` (sync off); and the daemon, and one
+``disk`` store, read by 2 processes at once against HiCacheFile read by 2
+processes at once. Reads are warm (just written: in the
 OS page cache or the daemon's memory), so the comparison is of code paths.
 Figures are GB/s of page payload, best of ``--repeat``; ratio = target /
 HiCacheFile in this run.
@@ -118,9 +119,11 @@ def _open(target: str, pool: HostPool, root: Path, endpoint: str) -> Any:
     extra: dict[str, object]
     if target == BASELINE:
         name, extra = "file", {"file_storage_path": str(root / "hicache-file")}
-    elif target.startswith("lmdb"):
+    elif target.startswith(("lmdb", "disk")):
+        kind = target.split()[0]  # the backend, in a store of its own
         name = "dynamic"
-        extra = {**DYNAMIC, "hicache_config": "default", "path": str(root / "lmdb"), "sync": False}
+        extra = {**DYNAMIC, "hicache_config": "default", "backend": kind}
+        extra |= {"path": str(root / kind), "sync": False}
     else:
         name, extra = "dynamic", {**DYNAMIC, "hicache_config": "remote", "endpoint": endpoint}
     config = HiCacheStorageConfig(
@@ -317,15 +320,17 @@ def measure(geometry: Geometry, root: Path, repeat: int) -> list[Row]:
         targets = [
             _Target(BASELINE, geometry, root, ""),
             _Target("lmdb (in-process)", geometry, root, ""),
+            _Target("disk (in-process)", geometry, root, ""),
             _Target("daemon ipc://", geometry, root, on_ipc.endpoint, on_ipc.pid),
             _Target("daemon tcp://", geometry, root, on_tcp.endpoint, on_tcp.pid),
         ]
         _run_targets(targets, repeat)
         for target in targets:
             _close(target.backend)
-        shared = file_shared = 0.0
+        shared = disk_shared = file_shared = 0.0
         for _ in range(repeat):  # alternating, best of each
             shared = max(shared, _two_readers("daemon", geometry, root, on_ipc.endpoint))
+            disk_shared = max(disk_shared, _two_readers("disk", geometry, root, ""))
             file_shared = max(file_shared, _two_readers(BASELINE, geometry, root, ""))
     base, base_cpu = targets[0].best, targets[0].best_cpu
     rows = [
@@ -335,6 +340,7 @@ def measure(geometry: Geometry, root: Path, repeat: int) -> list[Row]:
         for op, batch in [key]
     ]
     rows.append(Row("daemon ipc://, 2 processes", "get", 16, shared, file_shared))
+    rows.append(Row("disk, 2 processes", "get", 16, disk_shared, file_shared))
     return rows
 
 

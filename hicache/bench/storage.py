@@ -1,5 +1,7 @@
 """Storage backend batch put/get throughput against the plain way of storing the same bytes.
 
+``--backend disk`` runs the disk backend's grid instead (``hicache.bench.disk_grid``).
+
 For each page size (64 KiB, 512 KiB, 2 MiB) the same pages are written
 through the backend in batches and through the baseline, then read back in
 batches into preallocated buffers. The baseline of the on-disk backends is
@@ -24,7 +26,7 @@ from typing import NamedTuple
 
 import xxhash
 
-from hicache.bench import storage_targets
+from hicache.bench import disk_grid, storage_targets
 from hicache.bench.storage_targets import Target, open_target
 from hicache.config.flags import at_least
 from storage_backends import StorageBackend, create
@@ -69,9 +71,10 @@ class Workload(NamedTuple):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
-        choices=("lmdb", "file", "redis", "mooncake"),
+        choices=("lmdb", "file", "redis", "mooncake", "disk"),
         default="lmdb",
-        help="the store measured",
+        help="the store measured (disk: a grid against raw pwrite/preadv, lmdb and one "
+        "file per page, see its flags below)",
     )
     parser.add_argument(
         "--json", type=Path, help="write the results as a JSON list here (default: print only)"
@@ -88,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-sync", action="store_true", help="do not fsync backend write batches")
     storage_targets.add_arguments(parser)
+    disk_grid.add_arguments(parser)
 
 
 def _workload(page_bytes: int, total_bytes: int, batch_bytes: int) -> Workload:
@@ -218,6 +222,8 @@ def _print_table(results: list[Result], args: argparse.Namespace, baseline: str)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.backend == "disk":
+        return disk_grid.run(args)
     with (
         tempfile.TemporaryDirectory(prefix="hicache-bench-", dir=args.dir) as scratch,
         open_target(args, Path(scratch)) as target,

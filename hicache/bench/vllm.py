@@ -7,7 +7,8 @@ size (1, 8, 64 chunks a job) every tier stores ``--chunks`` fresh chunks
 loads them back into other primary slots, and the loaded bytes are checked.
 GB/s is chunk bytes moved over the wall time from the first submit to the
 last completion. Targets (issue 24): LMDB >= 1.0x fs, the daemon on ipc://
->= 0.7x fs. Needs vLLM's wheel (``make test`` installs it).
+>= 0.7x fs; (issue 35) the disk backend >= 1.0x fs on every cell. Needs
+vLLM's wheel (``make test`` installs it).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", default="", help="where the stores go (default: a temp dir)")
     parser.add_argument(
         "--targets",
-        default="lmdb,daemon-ipc,daemon-tcp",
-        help="comma-separated: lmdb, daemon-ipc, daemon-tcp",
+        default="lmdb,disk,daemon-ipc,daemon-tcp",
+        help="comma-separated: lmdb, disk, daemon-ipc, daemon-tcp",
     )
     parser.add_argument("--workers", type=at_least(1), default=8, help="HicacheTier I/O threads")
     parser.add_argument(
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if chunk % 4096 or args.chunks < max(JOB_SIZES):
         raise SystemExit(f"--chunk-kb must be a multiple of 4, --chunks >= {max(JOB_SIZES)}")
     targets = [t for t in args.targets.split(",") if t]
-    unknown = set(targets) - {"lmdb", "daemon-ipc", "daemon-tcp"}
+    unknown = set(targets) - {"lmdb", "disk", "daemon-ipc", "daemon-tcp"}
     if unknown:
         raise SystemExit(f"unknown targets {sorted(unknown)}")
     with ExitStack() as stack:
@@ -131,8 +132,9 @@ def _tier_config(
         "module_path": "hicache.integrations.vllm",
         "workers": workers,
     }
-    if target == "lmdb":
-        return {**ours, "hicache_config": "default", "path": str(root / "lmdb"), "sync": False}
+    if target in ("lmdb", "disk"):
+        local = {"backend": target, "path": str(root / target), "sync": False}
+        return {**ours, "hicache_config": "default", **local}
     from hicache.bench.processes import start_daemon
 
     endpoint = f"ipc://{root}/daemon.sock" if target == "daemon-ipc" else "tcp://127.0.0.1:0"

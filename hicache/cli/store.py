@@ -1,15 +1,20 @@
-"""Look inside a store directory (lmdb or file backend): inspect, verify.
+"""Look inside a store directory (disk, lmdb or file backend): inspect, verify.
 
 hicache store inspect PATH   pages, bytes, page sizes, fingerprint, and
                              which model (of --config) the fingerprint is
 hicache store verify PATH    a checksum pass over every page; exit 1 if any
                              page is damaged (nothing is modified)
+hicache store migrate PATH   convert an LMDB store into a disk store (in place,
+                             keeping the LMDB store beside it, or --to DIR);
+                             damaged pages are skipped and counted; exit 2,
+                             with nothing changed, when it cannot
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +28,7 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = add_lazy_commands(parser, "store_command", "ACTION")
-    for name, run in (("inspect", run_inspect), ("verify", run_verify)):
+    for name, run in (("inspect", run_inspect), ("verify", run_verify), ("migrate", run_migrate)):
         sub.add_lazy(name, run.__doc__ or "", _builder(name, run))
 
 
@@ -35,6 +40,14 @@ def _builder(
         p.add_argument("--json", action="store_true", help="print JSON instead of text")
         if name == "inspect":  # verify reads no config
             add_config_flags(p)
+        if name == "migrate":
+            p.add_argument("--to", type=Path, help="a new or empty directory (default: in place)")
+            p.add_argument(
+                "--max-bytes",
+                type=int,
+                default=0,
+                help="the disk store's size (default: its pages')",
+            )
         p.set_defaults(run=run)
 
     return build
@@ -93,3 +106,28 @@ def run_verify(args: argparse.Namespace) -> int:
             print(f"  damaged: {key} ({verdict})")
         print("store is intact" if result.ok else "store has damaged pages (a read deletes them)")
     return 0 if result.ok else 1
+
+
+def run_migrate(args: argparse.Namespace) -> int:
+    """Convert an LMDB store into a disk store (damaged pages skipped and counted)."""
+    from storage_backends.migrate import MigrateError, migrate
+
+    try:
+        result = migrate(args.path, args.to, max(args.max_bytes, 0))
+    except MigrateError as exc:
+        print(f"hicache store migrate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(
+            json.dumps({**result._asdict(), "target": str(result.target), "kept": str(result.kept)})
+        )
+        return 0
+    skipped = sum(result.damaged.values())
+    print(f"disk store:  {result.target}")
+    print(f"copied:      {result.copied:,} pages, {_mib(result.payload_bytes)}")
+    kinds = ", ".join(f"{n} {v}" for v, n in sorted(result.damaged.items()))
+    print(f"damaged:     {skipped:,} pages skipped{f' ({kinds})' if kinds else ''}")
+    if result.not_stored:
+        print(f"not stored:  {result.not_stored:,} pages (over --max-bytes)")
+    print(f"LMDB store:  kept at {result.kept}; delete it once the disk store serves")
+    return 0

@@ -45,7 +45,7 @@ MEANINGS: dict[str, str] = {
     "host.layout": "`layer_first`, or `page_first` (a page contiguous across layers)",
     "host.reserve_gb": "host memory left to the rest of the machine",
     "storage.backend": "`none` (off), an entry-point name, `pkg.mod:Class`, or a built-in",
-    "storage.path": "store directory (lmdb, file); empty: the per-user cache directory",
+    "storage.path": "store directory (disk, lmdb, file); empty: the per-user cache directory",
     "storage.max_bytes": "store capacity; least recently used pages go first",
     "storage.map_size": "LMDB map size; 0: `max_bytes` plus headroom",
     "storage.timeout_s": (
@@ -55,7 +55,14 @@ MEANINGS: dict[str, str] = {
     "storage.max_page_bytes": "largest page a backend accepts",
     "storage.fingerprint": "set by the cache (the model fingerprint); leave empty",
     "storage.allow_fingerprint_mismatch": "open a store written for another model anyway",
-    "storage.sync": "flush each write batch to disk (LMDB sync, file fsync before rename)",
+    "storage.sync": (
+        "durability, what a crash may cost (no level serves a wrong byte; a process crash"
+        " never loses an acknowledged page): `none` (no fsync; an OS crash may lose recent"
+        " pages, or the whole store when it leaves the index damaged), `index` (each batch's"
+        " index commit fsynced, page data left to the OS: an OS crash may lose the last"
+        " pages, as misses), `full` (data, then index, fsynced: nothing acknowledged is lost);"
+        " `true`/`false` mean `full`/`none`; lmdb and file: `index` is `full`"
+    ),
     "storage.endpoint": (
         "network store: `redis://host:port[,…]`, `mooncake://host:port`, "
         "or the daemon's `tcp://HOST:PORT` / `ipc://PATH` (`remote`)"
@@ -63,8 +70,14 @@ MEANINGS: dict[str, str] = {
     "storage.key_prefix": "redis, mooncake: first part of every key (fleets sharing a store)",
     "storage.curve_client_key": "`remote` with CURVE: this engine's `.key_secret` file",
     "storage.curve_server_key": "`remote` with CURVE: the daemon's public key file",
-    "storage.breaker_failures": "`remote`: failed requests in a row before calls fail fast",
+    "storage.breaker_failures": (
+        "`remote`: BUSY/INTERNAL replies in a row before calls fail fast "
+        "(a timeout opens the breaker at once)"
+    ),
     "storage.breaker_cooldown_s": "`remote`: fail-fast period (doubles up to 8× while down)",
+    "storage.io_threads": "`disk`: threads reading/writing one batch's pages (bytes in flight)",
+    "storage.segment_bytes": "`disk`: size of one segment file (fixed when the store is created)",
+    "storage.direct_io": "`disk`: O_DIRECT, bypassing the page cache (refused where unsupported)",
     "policy.eviction": "which unlocked device leaf goes first",
     "policy.write_policy": "when device pages are backed up to host",
     "policy.write_through_threshold": "hits before a selective backup",

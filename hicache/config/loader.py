@@ -110,6 +110,17 @@ def check_keys(cls: type, overrides: Mapping[str, Scalar]) -> None:
     _Loader(cls, SET_FLAG, dict(overrides)).merge({})
 
 
+def _union_member(members: tuple[object, ...], value: object) -> object:
+    """The member of a union type that ``value`` is (a bool is never taken for an int),
+    else the first one (whose name the type error gives)."""
+    for member in members:
+        if isinstance(value, bool) != (member is bool):
+            continue
+        if isinstance(member, type) and isinstance(value, member):
+            return member
+    return members[0]
+
+
 class _Loader:
     """One load: knows which keys came from ``--set`` so that errors blame the right source."""
 
@@ -188,7 +199,7 @@ class _Loader:
 
     def scalar(self, kind: object, value: object, key: str) -> object:
         if isinstance(kind, types.UnionType):
-            kind = typing.get_args(kind)[0]
+            kind = _union_member(typing.get_args(kind), value)
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         wrong_bool = isinstance(value, bool) and kind is not bool

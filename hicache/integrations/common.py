@@ -41,7 +41,7 @@ from typing import TypeVar
 
 from hicache.config.cache import CacheConfig
 from hicache.config.shipped import resolve_config
-from storage_backends.base import StorageBackend
+from storage_backends.base import FailedCalls, StorageBackend
 from storage_backends.config import StorageConfig
 from storage_backends.guard import open_guarded
 from storage_backends.log_limit import LogLimiter
@@ -54,11 +54,14 @@ __all__ = [
     "Keyer",
     "Namespace",
     "OverrideValue",
+    "backend_errors",
     "engine_key_from_hex",
     "open_backend",
     "resolve_storage_config",
     "storage_fields",
 ]
+
+logger = logging.getLogger(__name__)
 
 # The fingerprint of stores that hold adapter pages (keys already namespaced).
 ADAPTER_FINGERPRINT = "engine-adapter-namespaced-keys-v1"
@@ -127,6 +130,20 @@ def open_backend(config: StorageConfig) -> StorageBackend:
     opened at all (ValueError, ``StorageOpenError``, ``FingerprintMismatchError``).
     """
     return open_guarded(config.backend, config)
+
+
+def backend_errors(backend: StorageBackend) -> int:
+    """Calls of ``backend`` that failed other than by a miss (an exception, no reply in
+    time, a daemon down or refusing, an error reply), where the backend counts them
+    without I/O (``FailedCalls``: the guard of ``open_backend`` does); else 0. Never
+    raises, does no I/O, so an engine's scheduler thread may ask."""
+    if not isinstance(backend, FailedCalls):
+        return 0
+    try:
+        return backend.failed_calls()
+    except Exception:  # a counter that fails is no reason to fail the engine
+        logger.debug("failed_calls() raised", exc_info=True)
+        return 0
 
 
 def engine_key_from_hex(text: str) -> bytes:

@@ -64,10 +64,12 @@ from hicache.integrations.common import (
     FailureLog,
     Keyer,
     Namespace,
+    backend_errors,
     open_backend,
     resolve_storage_config,
 )
 from storage_backends.base import StorageBackend, StorageStats
+from storage_backends.scatter import get_scatter
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +96,17 @@ class PageGeometry(NamedTuple):
 
 @dataclass(frozen=True)
 class AdapterStats:
-    """The backend's counters plus the adapter's own failures by kind."""
+    """The backend's counters plus the adapter's own failures by kind.
+
+    ``backend_errors``: backend calls that failed other than by a miss (no reply
+    in time, the daemon down or refusing, an error reply, an exception); while
+    it rises, misses mean an unreachable store, not evicted pages.
+    """
 
     storage: StorageStats | None
     failures: dict[str, int]
     namespace: str
+    backend_errors: int
 
 
 def engine_key(text: str) -> bytes:
@@ -356,21 +364,18 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
 
     def _get_v1(self, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
         geometry = self._check_indices(keys, host_indices)
-        chunks = self._pool_chunks(host_indices, len(keys)) if geometry.zero_copy else []
-        if chunks and len(chunks[0]) == 1:  # each page is one run of host memory: read into it
-            views = [c[0] for c in chunks]
-        else:
-            views = self._staging(len(keys))
         start = time.perf_counter()
+        if geometry.zero_copy:  # straight into each page's runs (an MHA page: K and V)
+            chunks = self._pool_chunks(host_indices, len(keys))
+            hits = get_scatter(self._backend, self._keys(keys), list(chunks))
+            self._measure("prefetch", hits, start)
+            return hits
+        views = self._staging(len(keys))
         hits = self._backend.get(self._keys(keys), views)
         self._measure("prefetch", hits, start)
-        if chunks and len(chunks[0]) == 1:
-            return hits
         starts: list[int] = host_indices[:: geometry.indices].tolist()
         for i, hit in enumerate(hits):
-            if hit and chunks:
-                _scatter(views[i], chunks[i])
-            elif hit:
+            if hit:
                 flat = torch.frombuffer(views[i], dtype=torch.uint8).view(geometry.dtype)
                 self.mem_pool_host.set_from_flat_data_page(starts[i], flat)
         return hits
@@ -482,7 +487,8 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
     def stats(self) -> AdapterStats:
         """The backend's counters and this adapter's failures (never raises)."""
         storage = self._log.call("stats failed", self._backend.stats, None)
-        return AdapterStats(storage, self._log.counts(), self._namespace)
+        errors = backend_errors(self._backend)
+        return AdapterStats(storage, self._log.counts(), self._namespace, errors)
 
     def close(self) -> None:
         """Close the backend; idempotent. Calls after it are misses."""
@@ -496,13 +502,6 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
             self._meter.record(
                 kind, pages, pages * self._geometry.nbytes, time.perf_counter() - start
             )
-
-
-def _scatter(page: memoryview, chunks: list[memoryview]) -> None:
-    offset = 0
-    for chunk in chunks:
-        chunk[:] = page[offset : offset + len(chunk)]
-        offset += len(chunk)
 
 
 def _gather(chunks: list[memoryview], page: memoryview) -> memoryview:

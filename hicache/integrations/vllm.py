@@ -67,9 +67,11 @@ from hicache.integrations.common import (
     FailureLog,
     Keyer,
     Namespace,
+    backend_errors,
     open_backend,
     resolve_storage_config,
 )
+from hicache.integrations.removals import RemovalMap
 from hicache.integrations.vllm_jobs import FinishedJob, JobOutcome, TierJobRunner
 from storage_backends.base import StorageBackend
 
@@ -77,6 +79,9 @@ if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
 
 logger = logging.getLogger(__name__)
+
+# Stored chunks whose removal this tier can announce at most (the most recent ones).
+ANNOUNCED_KEYS = 1 << 20
 
 __all__ = ["HicacheTier", "TierMetrics", "present_per_key", "vllm_namespace"]
 
@@ -92,7 +97,8 @@ class TierMetrics:
         LOAD_FAILED_CHUNKS: "Chunks the hicache tier could not load (missing, damaged "
         "or store unreachable); vLLM recomputes them.",
         STORE_FAILED_CHUNKS: "Chunks the hicache tier could not store.",
-        BACKEND_ERRORS: "hicache backend calls or jobs that failed with an error.",
+        BACKEND_ERRORS: "hicache backend calls or jobs that failed other than by a miss "
+        "(no reply in time, a daemon down or refusing, an error reply, an exception).",
     }
 
 
@@ -163,27 +169,39 @@ class HicacheTier(SecondaryTierManager):
         **storage_overrides: Any,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        # Everything that can refuse the config runs before this tier holds a view of
+        # the primary region: a view left behind keeps vLLM from unmapping it.
         self.locality = Locality(locality) if locality is not None else None
-        self._flat = primary_kv_view.cast("B")
-        self._num_chunks = len(self._flat) // self.block_size_bytes
         self.storage_config = resolve_storage_config(
             hicache_config, storage_overrides, source=f"HicacheTier ({tier_type})"
         )
         self.namespace = vllm_namespace(offloading_spec, self.block_size_bytes)
         self._keyer: Keyer = self.namespace.keyer()
         self._failures = FailureLog(logger)
-        self._backend = open_backend(self.storage_config)
         self._events: list[OffloadingEvent] | None = (
             []
             if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events
             else None
         )
+        # Room for what the store holds, and for the pages stored since the last
+        # take_events whose removals are not collected yet.
+        self._announced: RemovalMap[OffloadKey] = RemovalMap(
+            min(self.storage_config.max_bytes // self.block_size_bytes + 4096, ANNOUNCED_KEYS)
+        )
         self._job_keys: dict[int, list[OffloadKey]] = {}
         self._counts = dict.fromkeys(TierMetrics.DOCS, 0)
         self._errors_reported = 0
         self._closed = False
-        self._runner = TierJobRunner(workers, self._failures, name=f"hicache-vllm-{tier_type}")
-        self._lookup = _StoreLookup(self, tier_type)
+        self._backend = open_backend(self.storage_config)
+        self._flat = primary_kv_view.cast("B")
+        self._num_chunks = len(self._flat) // self.block_size_bytes
+        try:
+            self._runner = TierJobRunner(workers, self._failures, name=f"hicache-vllm-{tier_type}")
+            self._lookup = _StoreLookup(self, tier_type)
+        except BaseException:
+            self._flat.release()
+            self._backend.close()
+            raise
         logger.info(
             "hicache tier %r: %s store, namespace %s",
             tier_type,
@@ -217,8 +235,9 @@ class HicacheTier(SecondaryTierManager):
         return self._runner.busy()
 
     def take_events(self) -> Iterable[OffloadingEvent]:
-        if not self._events:
+        if self._events is None:
             return ()
+        self._collect_removals(self._events)
         events, self._events = self._events, []
         return events
 
@@ -240,6 +259,9 @@ class HicacheTier(SecondaryTierManager):
         self._failures.call("shutdown lookups", self._lookup.shutdown, None)
         self._runner.shutdown()
         self._failures.call("close backend", self._backend.close, None)
+        # vLLM unmaps the primary region after its tiers shut down, and cannot while
+        # a view of it is alive: the workers' slices are gone, ours goes now.
+        self._failures.call("release the primary view", self._flat.release, None)
 
     @classmethod
     def build_metric_definitions(
@@ -251,7 +273,7 @@ class HicacheTier(SecondaryTierManager):
         }
 
     def get_stats(self) -> OffloadingConnectorStats | None:
-        errors = self._failures.total()
+        errors = self._failures.total() + backend_errors(self._backend)
         self._counts[TierMetrics.BACKEND_ERRORS] += errors - self._errors_reported
         self._errors_reported = errors
         if not any(self._counts.values()):
@@ -271,6 +293,25 @@ class HicacheTier(SecondaryTierManager):
         return {"hicache_backend": self.storage_config.backend}
 
     # --- ours ---------------------------------------------------------------------------
+
+    def _collect_removals(self, events: list[OffloadingEvent]) -> None:
+        """Removal events for the pages the store removed that this tier announced."""
+        removed: list[bytes] = self._failures.call("take removed", self._backend.take_removed, [])
+        keys = self._announced.removed(removed)
+        if keys:
+            events.append(self._event(keys, removed=True))
+
+    def _event(self, keys: list[OffloadKey], removed: bool) -> OffloadingEvent:
+        # Owned by this tier, as vLLM's own evicting tiers announce theirs, but with no
+        # removal promised: pages the daemon or another process evicts never show up in
+        # take_removed, and a promise would keep vLLM's metadata for them forever.
+        return OffloadingEvent(
+            keys=keys,
+            medium=Medium.STORAGE,
+            removed=removed,
+            locality=self.locality,
+            ownership=self.tier_type,
+        )
 
     def batch_present(self, keys: Sequence[OffloadKey]) -> list[bool]:
         """Per-key presence in the store (lookup worker thread; all False on error)."""
@@ -319,11 +360,8 @@ class HicacheTier(SecondaryTierManager):
         nbytes = done.outcome.nbytes if done.outcome is not None else 0
         if success:
             if not done.is_load and self._events is not None and keys:
-                self._events.append(
-                    OffloadingEvent(
-                        keys=keys, medium=Medium.STORAGE, removed=False, locality=self.locality
-                    )
-                )
+                self._announced.stored(self._keyer.keys(keys), keys)
+                self._events.append(self._event(keys, removed=False))
             return JobResult(done.job_id, True, None, done.seconds, nbytes)
         failed = [k for k, good in zip(keys, ok, strict=False) if not good] or keys
         if not done.is_load:

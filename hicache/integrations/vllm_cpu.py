@@ -116,6 +116,7 @@ def cpu_offloading_spec(
     model: str = "org/model",
     engine_id: str = "hicache-cpu",
     tokens_per_block: int = 16,
+    kv_events: bool = False,
 ) -> TieringOffloadingSpec:
     """vLLM's ``TieringOffloadingSpec`` for one worker and one KV group, with a
     CPU primary tier of ``num_chunks`` chunks of ``chunk_bytes`` (a multiple of
@@ -132,7 +133,7 @@ def cpu_offloading_spec(
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block, ("layer.0", "layer.1"), 0),),
         worker_kv_bytes_per_block=chunk_bytes,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=kv_events,
         extra_config={
             "cpu_bytes_to_use": num_chunks * chunk_bytes,
             "secondary_tiers": secondary_tiers or [],

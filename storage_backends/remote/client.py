@@ -1,9 +1,10 @@
 """RemoteBackend: the StorageBackend of a shared cache daemon (``hicache serve``) over ZeroMQ.
 
 Every call is bounded: a daemon that is down, slow or restarting turns lookups
-into misses and puts into failures after at most ``storage.timeout_s``, and
-once ``storage.breaker_failures`` requests in a row have failed, calls fail
-fast until a probe gets through again (``storage_backends.breaker``): every
+into misses and puts into failures after at most ``storage.timeout_s``. The
+first request left unanswered (or a socket error) opens the breaker, as do
+``storage.breaker_failures`` BUSY/INTERNAL replies in a row; while it is open
+calls fail fast until a probe gets through again (``storage_backends.breaker``): every
 ``storage.breaker_cooldown_s`` one caller first sends a PING, and its answer
 closes the breaker, so hits come back within one cool-down of the daemon.
 """
@@ -26,7 +27,7 @@ from storage_backends.breaker import Admission, CircuitBreaker
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
-from storage_backends.page_format import HEADER_BYTES, Verdict, copy_verified
+from storage_backends.page_format import HEADER_BYTES, Verdict
 from storage_backends.record_arena import RecordArena
 from storage_backends.remote.channel import Channel, CurveKeys
 from storage_backends.remote.protocol import (
@@ -43,6 +44,7 @@ from storage_backends.remote.protocol import (
     Request,
     StatsReply,
 )
+from storage_backends.scatter import Runs, check_scatter, copy_verified_runs, total
 
 logger = logging.getLogger(__name__)
 
@@ -187,8 +189,15 @@ class RemoteBackend:
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
-        views = check_batch(keys, dst, writable=True)
-        parts = chunks([len(v) for v in views])
+        return self._get_runs(keys, [[view] for view in check_batch(keys, dst, writable=True)])
+
+    def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
+        self._check_open()
+        return self._get_runs(keys, check_scatter(keys, dst))
+
+    def _get_runs(self, keys: Sequence[bytes], views: list[Runs]) -> list[bool]:
+        """Verified pages from the daemon into their runs (``get`` and ``get_scatter``)."""
+        parts = chunks([total(runs) for runs in views])
         requests = [Request(Op.GET, 0, tuple(keys[c.start : c.stop])) for c in parts]
         hits = [False] * len(keys)
         corrupt: list[bytes] = []
@@ -206,7 +215,7 @@ class RemoteBackend:
         part: _Chunk,
         reply: GetReply,
         keys: Sequence[bytes],
-        views: list[memoryview],
+        views: list[Runs],
         hits: list[bool],
     ) -> list[bytes]:
         """Verify and copy one reply's pages; return the keys of damaged ones."""
@@ -218,7 +227,7 @@ class RemoteBackend:
         for i, found in zip(range(part.start, part.stop), reply.found, strict=True):
             if not found:
                 continue
-            verdict = copy_verified(memoryview(next(records)), keys[i], views[i])
+            verdict = copy_verified_runs(memoryview(next(records)), keys[i], views[i])
             hits[i] = verdict is Verdict.OK
             if verdict.corrupt:
                 corrupt.append(keys[i])
@@ -279,8 +288,7 @@ class RemoteBackend:
         (reply,) = self._call(Op.STATS, [Request(Op.STATS, 0)], StatsReply)
         if reply is not None:
             self._size = _Size(*(int(reply.stats.get(name, 0)) for name in DAEMON_SIZE_STATS))
-        link = self.link_stats()
-        failed = link.timeouts + link.fast_fails + link.error_replies + link.bad_replies
+        failed = self.failed_calls()
         snap = self._counters.snapshot(*self._size)
         # A request the daemon did not answer (or refused) was a miss or a failed
         # put for the caller: count it where every backend counts such calls.
@@ -296,6 +304,12 @@ class RemoteBackend:
             breaker_opens=self._breaker.times_opened,
             breaker_state=self._breaker.state.value,
         )
+
+    def failed_calls(self) -> int:
+        """Requests that got no usable answer: timed out, refused by the open breaker,
+        answered with an error or a broken reply (``FailedCalls``; no I/O)."""
+        link = self.link_stats()
+        return link.timeouts + link.fast_fails + link.error_replies + link.bad_replies
 
     def ping(self) -> str | None:
         """The daemon's version string, or None if it did not answer in time."""
@@ -395,7 +409,9 @@ class RemoteBackend:
     def _exchange(self, op: Op, requests: list[Request], kind: type[_R]) -> list[_R | None]:
         """``_call`` once admitted: the exchange, its counters and the breaker's record."""
         self._count("requests", len(requests))
-        peer_ok = False
+        # Until shown otherwise the peer is down: an exception, a timeout or a socket
+        # error opens the breaker at once, so one call, not several, waits on a dead daemon.
+        record: Callable[[], None] = self._breaker.record_down
         try:
             channel = self._channel()
             outcome = channel.exchange(op, requests, self._config.timeout_s)
@@ -404,18 +420,17 @@ class RemoteBackend:
                 self._hint_once()
             self._count("bad_replies", outcome.bad)
             typed = [self._typed(reply, kind) for reply in outcome.replies]
-            peer_ok = outcome.timed_out == 0 and not any(
-                isinstance(r, ErrorReply) and r.code in _PEER_FAILURES for r in outcome.replies
-            )
+            if outcome.timed_out == 0:
+                busy = any(
+                    isinstance(r, ErrorReply) and r.code in _PEER_FAILURES for r in outcome.replies
+                )  # the daemon answered: only a run of such replies opens the breaker
+                record = self._breaker.record_failure if busy else self._breaker.record_success
             return typed
         except zmq.ZMQError as e:
             logger.warning("daemon link %s failed: %s", self._config.endpoint, e)
             self._drop_channel()  # the next call starts on a new socket
             return [None] * len(requests)
         finally:
-            record: Callable[[], None] = (
-                self._breaker.record_success if peer_ok else self._breaker.record_failure
-            )
             record()
 
     def _probe(self) -> bool:

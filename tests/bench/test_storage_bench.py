@@ -66,3 +66,35 @@ def test_tiering_bench_runs_its_storage_row_on_redis(
     assert by["device+host+storage"]["hit_rate"] >= by["device"]["hit_rate"]
     assert int(removed[0].replace(",", "")) > 0
     assert left == [b"hicache:someone-else"]  # the bench's keys are gone, nobody else's
+
+
+def test_disk_grid_reports_every_side_and_says_whether_reads_were_cold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "disk.json"
+    argv = ["bench", "storage", "--backend", "disk", "--cell-mb", "1", "--pages-kb", "64,256"]
+    argv += ["--batches", "4,64", "--threads", "2", "--repeat", "1", "--dir", str(tmp_path)]
+    assert main([*argv, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    cells = [(r["page_bytes"], r["batch"], r["threads"]) for r in rows[::3]]
+    assert cells == [(64 << 10, 4, 2), (64 << 10, 16, 2), (256 << 10, 4, 2)]  # 1 MiB a cell
+    assert [r["op"] for r in rows] == ["put", "get cold", "get warm"] * 3
+    sides = {"disk", "raw", "lmdb", "file-per-page"}
+    assert all(set(r["gbps"]) == sides and min(r["gbps"].values()) > 0 for r in rows)
+    assert all(set(r["ratio"]) == set(r["cpu_ratio"]) == sides - {"disk"} for r in rows)
+    printed = capsys.readouterr().out
+    for r in rows[1::3]:  # the cold reads say whether the page cache was dropped
+        assert isinstance(r["page_cache_dropped"], bool)
+    assert ("NOT dropped" in printed) == (not all(r["page_cache_dropped"] for r in rows[1::3]))
+    assert list(tmp_path.iterdir()) == [out]
+
+
+def test_storage_open_bench_opens_each_size_in_a_fresh_process(tmp_path: Path) -> None:
+    out = tmp_path / "open.json"
+    argv = ["bench", "storage-open", "--backends", "disk", "--sizes", "20,40", "--repeat", "1"]
+    assert main([*argv, "--dir", str(tmp_path), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["backend"], r["pages"]) for r in rows] == [("disk", 20), ("disk", 40)]
+    assert all(r["cold_open_s"] > 0 and r["index_bytes_per_page"] > 0 for r in rows)
+    assert all(r["rss_open_mib"] > 0 for r in rows)
+    assert list(tmp_path.iterdir()) == [out]

@@ -209,7 +209,7 @@ def _commands() -> list[tuple[str, argparse.ArgumentParser]]:
 
 
 def test_every_command_takes_v_and_every_config_reader_takes_config_and_set() -> None:
-    no_config = {"hicache keygen", "hicache store verify"}
+    no_config = {"hicache keygen", "hicache store verify", "hicache store migrate"}
     for prog, parser in _commands():
         options = {o for a in parser._actions for o in a.option_strings}
         assert "-v" in options, prog
@@ -288,4 +288,4 @@ def test_readme_names_what_each_command_reads_and_every_shipped_config() -> None
     assert sorted(cache + daemon) == shipped_configs()
     assert "(shipped: " + ", ".join(f"`{n}`" for n in cache) + "; default `default`)" in claim
     assert "(shipped: " + ", ".join(f"`{n}`" for n in daemon) + ")" in claim
-    assert "`keygen` and `store verify` read no config" in claim
+    assert "`keygen`, `store verify` and `store migrate` read no config" in claim

@@ -15,6 +15,7 @@ from hicache.observe.metrics import CacheMetrics, CacheStats
 from hicache.observe.prometheus import COUNTERS, Gauges, MetricsServer
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
+from tests.polling import wait_until
 
 UNITS = ("_tokens", "_bytes", "_seconds", "_requests", "_prefetches", "_errors", "_pages")
 
@@ -116,3 +117,31 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_a_dead_daemon_shows_as_backend_errors() -> None:
+    # Nobody listens: the first request times out and opens the breaker, the rest fail
+    # fast; each is a backend error, not only a failed put. (No prefetch: its wait is
+    # bounded by the same timeout as the lookup it waits for.)
+    from tests.storage_backends.test_remote_link import free_endpoint
+
+    store = StorageConfig(backend="remote", endpoint=free_endpoint(), timeout_s=0.2)
+    base = two_tier(4, pages=16, storage=store, prefetch_threshold=10**6)
+    cfg = replace(base.config, metrics=MetricsConfig(port=free_port()))
+    base.close()
+    cache = HiRadixCache(cfg)
+    serve(cache, [9000 + i for i in range(16)])
+    got: dict[str, list[Sample]] = {}
+
+    def counted() -> bool:
+        cache.poll()
+        got.update(scrape(cfg.metrics.port))
+        writes = got["hicache_storage_backend_writes"]
+        return value(writes, "hicache_storage_backend_writes_total", outcome="failed") > 0
+
+    try:
+        assert wait_until(counted, 10)
+    finally:
+        cache.close()
+    errors = value(got["hicache_storage_backend_errors"], "hicache_storage_backend_errors_total")
+    assert errors >= 2  # the put that timed out, the calls refused after it

@@ -25,7 +25,7 @@ from storage_backends.redis_cluster import (
     redis_server_binary,
 )
 
-BACKEND_NAMES = ("memory", "lmdb", "file")
+BACKEND_NAMES = ("memory", "lmdb", "file", "disk")
 
 MakeBackend = Callable[[StorageConfig], StorageBackend]
 # (backend name, max_bytes) -> a config of a store private to the calling test.

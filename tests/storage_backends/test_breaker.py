@@ -35,6 +35,12 @@ def test_opens_after_consecutive_failures_only() -> None:
     assert not b.allow()
 
 
+def test_evidence_of_a_dead_peer_opens_at_once() -> None:
+    b = breaker(Clock(), failures=3)
+    b.record_down()
+    assert b.state is BreakerState.OPEN and b.times_opened == 1 and not b.allow()
+
+
 def test_one_probe_after_cooldown_then_closes_on_success() -> None:
     clock = Clock()
     b = breaker(clock, failures=1)

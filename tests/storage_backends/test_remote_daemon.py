@@ -16,6 +16,7 @@ import pytest
 
 from hicache.bench.processes import ServerProcess, start_daemon
 from storage_backends import StorageConfig, create
+from storage_backends.base import ScatterGet
 from storage_backends.remote.client import RemoteBackend
 from storage_backends.remote.keys import keygen
 from tests.polling import wait_until
@@ -88,6 +89,21 @@ def test_round_trip_and_batches_over_request_caps(daemons: Callable[..., ServerP
         assert stats.capacity_bytes == 8 << 30  # configs/daemon.toml's store.max_bytes
         assert set(backend.take_removed()) == set(keys[:10])
         assert backend.link_stats().timeouts == 0
+    finally:
+        backend.close()
+
+
+def test_scatter_reads_land_in_their_runs(daemons: Callable[..., ServerProcess]) -> None:
+    backend = remote(daemons().endpoint)
+    try:
+        assert isinstance(backend, ScatterGet)
+        assert backend.put([key(i) for i in range(2)], [memoryview(payload(i)) for i in range(2)])
+        runs = [
+            [memoryview(bytearray(n)) for n in split] for split in ([100, PAGE - 100], [PAGE, 1])
+        ]
+        assert backend.get_scatter([key(0), key(1)], runs) == [True, False]  # 1: wrong total
+        assert b"".join(bytes(r) for r in runs[0]) == payload(0)
+        assert not any(bytes(runs[1][0]))
     finally:
         backend.close()
 

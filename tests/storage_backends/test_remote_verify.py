@@ -25,11 +25,13 @@ from storage_backends.remote.protocol import (
     GetReply,
     Limits,
     Op,
+    PingReply,
     Reply,
     Request,
     decode_request,
     encode_reply,
 )
+from tests.polling import wait_until
 
 PAGE = 1024
 Script = Callable[[Request], list[bytes]]
@@ -57,12 +59,16 @@ def peer() -> Iterator[Peer]:
     script: list[Script] = [lambda req: frames(DeleteReply(req.id, len(req.keys)))]
     stop = threading.Event()
 
+    def ping(req: Request) -> list[bytes]:  # the breaker's probe
+        return frames(PingReply(req.id, "scripted peer"))
+
     def serve() -> None:
         while not stop.is_set():
             if sock.poll(50, zmq.POLLIN):
                 identity, *body = sock.recv_multipart()
                 request = decode_request(body, Limits())
-                sock.send_multipart([identity, *script[0](request)])
+                answer = script[0] if request.op is not Op.PING else ping
+                sock.send_multipart([identity, *answer(request)])
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -74,8 +80,13 @@ def peer() -> Iterator[Peer]:
 
 
 def remote(endpoint: str, timeout_s: float = 0.5, max_page_bytes: int = 64 << 20) -> RemoteBackend:
+    # A timeout opens the breaker; a short cool-down lets the next call probe soon.
     config = StorageConfig(
-        backend="remote", endpoint=endpoint, timeout_s=timeout_s, max_page_bytes=max_page_bytes
+        backend="remote",
+        endpoint=endpoint,
+        timeout_s=timeout_s,
+        max_page_bytes=max_page_bytes,
+        breaker_cooldown_s=0.05,
     )
     backend = create("remote", config)
     assert isinstance(backend, RemoteBackend)
@@ -134,9 +145,9 @@ def test_replies_that_break_the_protocol_are_misses(peer: Peer) -> None:
         lambda req: frames(GetReply(req.id, (True, True), (record, record))),
         # found, but no page frame follows
         lambda req: [msgpack.packb({"v": 1, "id": req.id, "ok": True, "found": [True]})],
-        # not msgpack at all (no readable id: the request times out)
-        lambda req: [b"\xc1 not msgpack"],
         lambda req: frames(ErrorReply(req.id, ErrorCode.TOO_LARGE, "no")),
+        # not msgpack at all (no readable id: the request times out, the breaker opens)
+        lambda req: [b"\xc1 not msgpack"],
     ]
     backend = remote(peer.endpoint)
     try:
@@ -148,7 +159,9 @@ def test_replies_that_break_the_protocol_are_misses(peer: Peer) -> None:
         link = backend.link_stats()
         assert (link.bad_replies, link.timeouts, link.error_replies) == (2, 1, 1)
         peer.script[0] = answer_get(lambda k: record)
-        assert backend.get([key(0)], [memoryview(bytearray(PAGE))]) == [True]  # recovers
+        assert wait_until(
+            lambda: backend.get([key(0)], [memoryview(bytearray(PAGE))]) == [True], 10
+        )
     finally:
         backend.close()
 
@@ -170,7 +183,7 @@ def test_a_late_reply_is_never_taken_for_a_later_request(peer: Peer) -> None:
         assert backend.get([key(0)], dst) == [False]  # timed out: no reply came at all
         assert held.is_set()
         release.set()  # the late reply to key 0 now comes first, then key 1's
-        assert backend.get([key(1)], dst) == [True]
+        assert wait_until(lambda: backend.get([key(1)], dst) == [True], 10)  # after the probe
         assert bytes(dst[0]) == b"\x01" * PAGE  # key 1's page, not the late key 0 reply
         assert backend.link_stats().timeouts == 1
     finally:
@@ -187,6 +200,8 @@ def test_a_frame_larger_than_any_valid_reply_is_refused(peer: Peer) -> None:
         assert backend.get([key(0)], [memoryview(bytearray(PAGE))]) == [False]
         assert backend.link_stats().timeouts == 1  # the connection was dropped, not read
         peer.script[0] = answer_get(lambda k: small)
-        assert backend.get([key(0)], [memoryview(bytearray(PAGE))]) == [True]
+        assert wait_until(
+            lambda: backend.get([key(0)], [memoryview(bytearray(PAGE))]) == [True], 10
+        )
     finally:
         backend.close()

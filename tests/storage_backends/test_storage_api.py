@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from conftest import MakeBackend, Pages, StoreConfig
 
 
-@pytest.fixture(params=("memory", "lmdb", "file", "redis"))
+@pytest.fixture(params=("memory", "lmdb", "file", "disk", "redis"))
 def backend_name(request: pytest.FixtureRequest) -> str:
     """Every backend, the network ones included, honours this contract."""
     return str(request.param)

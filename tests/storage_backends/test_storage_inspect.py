@@ -1,4 +1,4 @@
-"""``hicache store inspect|verify``: read-only scans of lmdb and file stores."""
+"""``hicache store inspect|verify``: read-only scans of disk, lmdb and file stores."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hicache.cli import main
 from hicache.config.cache import CacheConfig
 from hicache.keys.hashing import model_fingerprint
 from storage_backends import StorageConfig, create
+from storage_backends.disk.scan import locate
 from storage_backends.inspect import summarize, verify
 
 PAGE = 4096
@@ -37,6 +38,15 @@ def _store(tmp_path: Path, backend: str) -> Path:
 
 def _damage_one(path: Path, backend: str) -> None:
     """Flip one payload byte of one page, behind the backend's back."""
+    if backend == "disk":
+        place = locate(path, hashlib.sha256(b"page-3").digest())
+        assert place is not None
+        with open(place.segment, "r+b") as f:
+            f.seek(place.offset + place.length - 1)
+            last = f.read(1)[0]
+            f.seek(place.offset + place.length - 1)
+            f.write(bytes([last ^ 0xFF]))
+        return
     if backend == "file":
         page = next(p for p in (path / "pages").rglob("*") if p.is_file())
         raw = bytearray(page.read_bytes())
@@ -52,7 +62,7 @@ def _damage_one(path: Path, backend: str) -> None:
     env.close()
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "file"])
+@pytest.mark.parametrize("backend", ["disk", "lmdb", "file"])
 def test_summary_counts_pages_and_names_the_fingerprint(tmp_path: Path, backend: str) -> None:
     s = summarize(_store(tmp_path, backend))
     assert (s.kind, s.pages, s.payload_bytes) == (backend, N, N * PAGE)
@@ -60,7 +70,7 @@ def test_summary_counts_pages_and_names_the_fingerprint(tmp_path: Path, backend:
     assert s.fingerprint == _fingerprint() and s.format_version == 1
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "file"])
+@pytest.mark.parametrize("backend", ["disk", "lmdb", "file"])
 def test_verify_finds_a_flipped_byte_and_changes_nothing(tmp_path: Path, backend: str) -> None:
     path = _store(tmp_path, backend)
     assert verify(path).ok and verify(path).checked == N
@@ -71,7 +81,7 @@ def test_verify_finds_a_flipped_byte_and_changes_nothing(tmp_path: Path, backend
     assert summarize(path).pages == N  # reported, not deleted
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "file"])
+@pytest.mark.parametrize("backend", ["disk", "lmdb", "file"])
 def test_store_commands(tmp_path: Path, backend: str, capsys: pytest.CaptureFixture[str]) -> None:
     path = _store(tmp_path, backend)
     assert main(["store", "inspect", str(path)]) == 0
@@ -88,4 +98,4 @@ def test_store_commands(tmp_path: Path, backend: str, capsys: pytest.CaptureFixt
 
 def test_not_a_store_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["store", "verify", str(tmp_path)]) == 2
-    assert "not an lmdb or file store" in capsys.readouterr().err
+    assert "not a disk, lmdb or file store" in capsys.readouterr().err

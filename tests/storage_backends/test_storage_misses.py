@@ -30,7 +30,7 @@ STORED = 64  # pages written before the reads
 FILL = 0xAB  # what Pages.buffers fills destinations with
 
 
-@pytest.fixture(params=("memory", "lmdb", "file", "redis", "remote", "mooncake"))
+@pytest.fixture(params=("memory", "lmdb", "file", "disk", "redis", "remote", "mooncake"))
 def full_store(
     request: pytest.FixtureRequest,
     store_config: StoreConfig,
@@ -85,7 +85,7 @@ def test_mixed_batch_on_a_full_store(full_store: StorageBackend, pages: Pages) -
     assert full_store.exists(absent) == 0
 
 
-@pytest.mark.parametrize("name", ["memory", "lmdb", "file"])
+@pytest.mark.parametrize("name", ["memory", "lmdb", "file", "disk"])
 def test_mixed_batch_on_a_store_at_capacity(
     name: str, store_config: StoreConfig, make_backend: MakeBackend, pages: Pages
 ) -> None:

@@ -22,7 +22,7 @@ from storage_backends import (
 if TYPE_CHECKING:
     from conftest import MakeBackend, Pages
 
-PERSISTENT = ["lmdb", "file"]
+PERSISTENT = ["lmdb", "file", "disk"]
 
 
 @pytest.mark.parametrize("name", PERSISTENT)

@@ -75,7 +75,7 @@ def _run(config: StorageConfig, program: list[Op]) -> None:
         store.close()
 
 
-@pytest.mark.parametrize("name", ["memory", "lmdb"])
+@pytest.mark.parametrize("name", ["memory", "lmdb", "disk"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(program=st.lists(ops, max_size=12))
 def test_backend_matches_dict_model(name: str, program: list[Op]) -> None:

@@ -12,7 +12,9 @@ from hicache.bench.processes import ServerProcess
 TINY = bench.Geometry(pages=4, page_size=4, layers=2, heads=1, head_dim=8, layout="page_first")
 
 
-@pytest.mark.parametrize("target", [bench.BASELINE, "lmdb (in-process)", "daemon"])
+@pytest.mark.parametrize(
+    "target", [bench.BASELINE, "lmdb (in-process)", "disk (in-process)", "daemon"]
+)
 def test_each_target_reports_set_and_get(
     target: str, tmp_path: Path, shared_daemon: ServerProcess
 ) -> None:

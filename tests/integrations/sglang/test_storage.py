@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tests.integrations.sglang.conftest import CurveSetup, StartDaemon
 
 PAGES = 8
+SCATTER_ONLY = "tests.faulty_backends:ScatterOnlyMemory"
 
 
 def filled(kind: str = "mha", layout: str = "page_first", seed: int = 0) -> HostPool:
@@ -307,3 +308,37 @@ def test_namespace_reads_ranks_with_defaults() -> None:
         model_name = "m"
 
     assert namespace_fields(OldConfig(), geometry)["tp_rank"] == 0  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_v1_pages_are_read_straight_into_their_runs(kind: str) -> None:
+    # A store whose plain get() fails: only a scatter read into the page's runs (K and V
+    # of an MHA page) hits, so a staging copy in between shows as misses.
+    pool = filled(kind)
+    backend = ours(pool, {**DYNAMIC, "hicache_config": "default", "backend": SCATTER_ONLY})
+    keys, indices = keys_for(21), pool.page_indices(range(PAGES))
+    assert backend.batch_set_v1(keys, indices) == [True] * PAGES
+    for page in range(PAGES):
+        pool.fill(page, 100 + page)  # overwrite, then read the stored pages back
+    assert backend.batch_get_v1(keys, indices) == [True] * PAGES
+    expected = filled(kind)
+    for page in range(PAGES):
+        assert torch.equal(pool.get_data_page(page), expected.get_data_page(page))
+    backend.close()
+
+
+def test_a_dead_daemon_is_counted_as_backend_errors(daemon_factory: StartDaemon) -> None:
+    daemon = daemon_factory()
+    pool = filled()
+    backend = ours(pool, remote_extra(daemon.endpoint, timeout_s=0.3))  # breaker_failures 3
+    keys, indices = keys_for(31), pool.page_indices(range(PAGES))
+    assert backend.batch_set_v1(keys, indices) == [True] * PAGES
+    assert backend.stats().backend_errors == 0
+    daemon.kill()
+    assert backend.batch_exists(keys) == 0  # the one call that waits
+    after_one = backend.stats().backend_errors
+    assert after_one >= 1
+    assert backend.batch_get_v1(keys, indices) == [False] * PAGES  # fails fast, counted too
+    assert backend.stats().backend_errors > after_one
+    assert backend.stats().failures == {}  # no exception reached the adapter
+    backend.close()

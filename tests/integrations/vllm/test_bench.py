@@ -12,11 +12,11 @@ from hicache.cli import main
 
 def test_bench_vllm_reports_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "rows.json"
-    argv = ["bench", "vllm", "--chunk-kb", "4", "--chunks", "64", "--targets", "lmdb"]
+    argv = ["bench", "vllm", "--chunk-kb", "4", "--chunks", "64", "--targets", "lmdb,disk"]
     assert main([*argv, "--dir", str(tmp_path / "stores"), "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert {(r["target"], r["op"], r["per_job"]) for r in rows} == {
-        (t, op, n) for t in ("fs", "lmdb") for op in ("store", "load") for n in (1, 8, 64)
+        (t, op, n) for t in ("fs", "lmdb", "disk") for op in ("store", "load") for n in (1, 8, 64)
     }
     assert all(r["gbps"] > 0 for r in rows)
     assert all(r["ratio"] == 1.0 for r in rows if r["target"] == "fs")

@@ -1,0 +1,5 @@
+"""The ``disk`` backend: page records in segment files, an LMDB index (DESIGN §11)."""
+
+from storage_backends.disk.backend import DiskBackend, PutPhase
+
+__all__ = ["DiskBackend", "PutPhase"]

@@ -1,0 +1,365 @@
+"""The LMDB index: key -> location, recency, the allocator's free space, reservations.
+
+Sub-databases (small values only): ``pages`` (key -> ``Location``), ``lru``
+(8-byte big-endian stamp -> key, so a cursor's first entry is the least recently
+used), ``meta`` (format version, fingerprint, bytes used: header + payload of every
+page, as the other backends count; segment tails),
+``free``/``free_class`` (the allocator's free slots) and ``pending`` (slots
+reserved by a put whose data is being written: owner (pid, batch) -> its slots; a
+crash leaves them there, and they are reclaimed once their process is gone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import lmdb
+
+from storage_backends.config import StorageConfig
+from storage_backends.disk.allocator import Allocator, FreeDbs, from_u64, u64
+from storage_backends.disk.layout import CLASS_BYTES, SLOT_BYTES, Location, Slot, SlotClass
+from storage_backends.errors import StorageOpenError, StoreDamagedError
+from storage_backends.store_dir import StoreMeta, reconcile_meta
+
+META_VERSION = b"format_version"
+META_FINGERPRINT = b"fingerprint"
+META_BYTES_USED = b"bytes_used"
+META_SEGMENT_BYTES = b"segment_bytes"
+DB_NAMES = (b"pages", b"lru", b"meta", b"free", b"free_class", b"pending")
+_MIN_MAP = 64 << 20
+_OWNER = struct.Struct(">IQ")
+# LMDB errors that mean the index's structure (not one call) is broken.
+DAMAGE_ERRORS = (
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.PanicError,
+    lmdb.InvalidError,
+    lmdb.BadTxnError,
+    lmdb.VersionMismatchError,
+)
+
+
+class IndexDbs(NamedTuple):
+    pages: lmdb._Database
+    lru: lmdb._Database
+    meta: lmdb._Database
+    free: lmdb._Database
+    free_class: lmdb._Database
+    pending: lmdb._Database
+
+
+def raise_if_damage(exc: lmdb.Error, path: Path) -> None:
+    if isinstance(exc, DAMAGE_ERRORS):
+        raise StoreDamagedError(f"disk store index {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def map_size(config: StorageConfig) -> int:
+    """Room for an index entry (~150 bytes with its B-tree share) per 4 KiB of capacity."""
+    return config.map_size or max(_MIN_MAP, config.max_bytes // 16)
+
+
+class Lookup(NamedTuple):
+    """Locations of a batch's keys (None: absent or damaged) and which entries were
+    damaged (values that are not locations)."""
+
+    locations: list[Location | None]
+    damaged: list[int]
+
+
+class Reserved(NamedTuple):
+    slot: Slot
+    cls: SlotClass
+
+
+_RESERVED_BYTES = SLOT_BYTES + CLASS_BYTES
+
+
+def _unpack_reserved(raw: bytes) -> list[Reserved]:
+    return [
+        Reserved(Slot.unpack(raw[at:]), SlotClass.unpack(raw[at + SLOT_BYTES :]))
+        for at in range(0, len(raw) - _RESERVED_BYTES + 1, _RESERVED_BYTES)
+    ]
+
+
+class Owner(NamedTuple):
+    """Who reserved a batch's slots: a process and its batch number."""
+
+    pid: int
+    batch: int
+
+    def pack(self) -> bytes:
+        return _OWNER.pack(self.pid, self.batch)
+
+    @staticmethod
+    def unpack(raw: bytes) -> Owner:
+        pid, batch = _OWNER.unpack_from(raw)
+        return Owner(pid, batch)
+
+
+class IndexWriter:
+    """Pages, recency, slots and size bookkeeping inside one write transaction."""
+
+    def __init__(
+        self, txn: lmdb.Transaction, dbs: IndexDbs, segment_bytes: int, max_bytes: int
+    ) -> None:
+        self._txn = txn
+        self._dbs = dbs
+        self.alloc = Allocator(
+            txn, FreeDbs(dbs.free, dbs.free_class, dbs.meta), segment_bytes, max_bytes
+        )
+        self.bytes_used = from_u64(txn.get(META_BYTES_USED, db=dbs.meta))
+        cursor = txn.cursor(db=dbs.lru)
+        self._next_stamp = from_u64(cursor.key()) + 1 if cursor.last() else 0
+        self._max_bytes = max_bytes
+        self.reserved = 0  # record bytes reserved in this transaction
+        self.evictions = 0
+        self.removed: list[bytes] = []  # reported only once the transaction commits
+
+    def location(self, key: bytes) -> Location | None:
+        raw = self._txn.get(key, db=self._dbs.pages)
+        return None if raw is None else Location.unpack(raw)
+
+    def has(self, key: bytes) -> bool:
+        return self._txn.get(key, db=self._dbs.pages) is not None
+
+    def _stamp(self) -> int:
+        stamp = self._next_stamp
+        self._next_stamp += 1
+        return stamp
+
+    def touch(self, key: bytes) -> None:
+        """Make ``key`` the most recently used page (no-op if it is gone)."""
+        loc = self.location(key)
+        if loc is None:
+            return
+        self._txn.delete(u64(loc.stamp), db=self._dbs.lru)
+        self._link(key, loc._replace(stamp=self._stamp()))
+
+    def _link(self, key: bytes, loc: Location) -> None:
+        self._txn.put(key, loc.pack(), db=self._dbs.pages)
+        self._txn.put(u64(loc.stamp), key, db=self._dbs.lru)
+
+    def remove(self, key: bytes) -> bool:
+        """Delete a page and free its slot; False if it was not stored."""
+        raw = self._txn.get(key, db=self._dbs.pages)
+        if raw is None:
+            return False
+        loc = Location.unpack(raw)  # before the delete: ``raw`` points into the map
+        self._txn.delete(key, db=self._dbs.pages)
+        if loc is not None:  # a damaged entry's slot is unknown: leaked, not reused
+            self._txn.delete(u64(loc.stamp), db=self._dbs.lru)
+            self.alloc.release(loc.slot, loc.cls)
+            self.bytes_used = max(0, self.bytes_used - loc.record_len)
+        self.removed.append(key)
+        return True
+
+    def evict_one(self) -> bool:
+        """Remove the least recently used page; False when none is left."""
+        cursor = self._txn.cursor(db=self._dbs.lru)
+        while cursor.first():
+            key = bytes(cursor.value())
+            if self.remove(key):
+                self.evictions += 1
+                return True
+            cursor.delete()  # a stamp without a page: drop it so the loop advances
+        return False
+
+    def reserve(self, cls: SlotClass, count: int, record_bytes: int) -> list[Slot]:
+        """Up to ``count`` slots of ``cls`` for records of ``record_bytes`` in all, evicting
+        least recently used pages until the records and the slots fit ``max_bytes``."""
+        while self.bytes_used + self.reserved + record_bytes > self._max_bytes:
+            if not self.evict_one():
+                break
+        slots = self.alloc.take(cls, count)
+        while len(slots) < count and self.evict_one():
+            slots += self.alloc.take(cls, count - len(slots))
+        self.reserved += record_bytes * len(slots) // count
+        return slots
+
+    def pend(self, owner: Owner, reserved: Sequence[Reserved]) -> None:
+        """Record a batch's reserved slots until ``settle`` (a crash leaves them here)."""
+        if reserved:
+            packed = b"".join(r.slot.pack() + r.cls.pack() for r in reserved)
+            self._txn.put(owner.pack(), packed, db=self._dbs.pending)
+
+    def settle(self, owner: Owner) -> None:
+        """The batch's slots now hold pages or were released: no longer pending."""
+        self._txn.delete(owner.pack(), db=self._dbs.pending)
+
+    def insert_new(self, key: bytes, slot: Slot, cls: SlotClass, payload_len: int) -> bool:
+        """Index a written page; False (nothing changed) if ``key`` is stored already."""
+        loc = Location.of(slot, cls, payload_len, self._next_stamp)
+        if not self._txn.put(key, loc.pack(), db=self._dbs.pages, overwrite=False):
+            return False
+        self._txn.put(u64(self._stamp()), key, db=self._dbs.lru)
+        self.bytes_used += loc.record_len
+        return True
+
+    def reclaim_pending(self, alive: bool | None) -> int:
+        """Free reservations of owners that are gone (``alive`` None: ask the OS per owner;
+        False: every owner is gone). Return how many slots were reclaimed."""
+        stale: list[tuple[bytes, list[Reserved]]] = []
+        for raw_owner, value in self._txn.cursor(db=self._dbs.pending):
+            owner = Owner.unpack(bytes(raw_owner))
+            if alive is False or not _pid_alive(owner.pid):
+                stale.append((bytes(raw_owner), _unpack_reserved(bytes(value))))
+        for raw_owner, reserved in stale:
+            self._txn.delete(raw_owner, db=self._dbs.pending)
+            for r in reserved:
+                self.alloc.release(r.slot, r.cls)
+        return sum(len(reserved) for _, reserved in stale)
+
+    def finish(self) -> None:
+        self._txn.put(META_BYTES_USED, u64(self.bytes_used), db=self._dbs.meta)
+        self.alloc.finish()
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DiskIndex:
+    """The open LMDB environment of one store. Thread-safe as LMDB is; the caller
+    serialises write transactions (one writer per process at a time)."""
+
+    def __init__(self, path: Path, config: StorageConfig) -> None:
+        self.path = path
+        self._config = config
+        self.damaged = False  # a transaction met structural damage: never marked clean
+        try:
+            path.mkdir(exist_ok=True)
+            self._env = lmdb.open(
+                str(path),
+                map_size=map_size(config),
+                subdir=True,
+                max_dbs=len(DB_NAMES),
+                metasync=False,  # commits stay atomic; each fsync flushes the last meta page
+                sync=config.sync_level.fsync_index,
+                max_spare_txns=4,
+            )
+        except lmdb.Error as exc:
+            raise_if_damage(exc, path)
+            raise StorageOpenError(f"storage.path {path}: cannot open the index: {exc}") from exc
+        except OSError as exc:
+            raise StorageOpenError(f"storage.path {path}: cannot open the index: {exc}") from exc
+        try:
+            self._env.reader_check()  # reader slots of processes killed while reading
+            self.dbs = IndexDbs(*(self._env.open_db(name) for name in DB_NAMES))
+            self.segment_bytes = self._init_meta()
+        except lmdb.Error as exc:
+            self._env.close()
+            raise_if_damage(exc, path)
+            raise StorageOpenError(f"storage.path {path}: {exc}") from exc
+        except BaseException:
+            self._env.close()
+            raise
+
+    def _init_meta(self) -> int:
+        with self._env.begin(write=True, db=self.dbs.meta) as txn:
+            version = txn.get(META_VERSION)
+            if version is not None and len(version) != 8:
+                raise StoreDamagedError(f"the index's format version is damaged: {version!r}")
+            stored = None
+            if version is not None:
+                stored = StoreMeta(from_u64(version), _fingerprint(txn.get(META_FINGERPRINT)))
+            meta = reconcile_meta(stored, self._config)
+            txn.put(META_VERSION, u64(meta.format_version))
+            txn.put(META_FINGERPRINT, meta.fingerprint.encode())
+            segment_bytes = from_u64(txn.get(META_SEGMENT_BYTES)) or self._config.segment_bytes
+            txn.put(META_SEGMENT_BYTES, u64(segment_bytes))
+            if txn.get(META_BYTES_USED) is None:
+                txn.put(META_BYTES_USED, u64(0))
+        return segment_bytes
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[lmdb.Transaction]:
+        """A read transaction whose structural failures raise StoreDamagedError."""
+        try:
+            with self._env.begin(buffers=True) as txn:
+                yield txn
+        except lmdb.Error as exc:
+            self._note_damage(exc)
+            raise
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[IndexWriter]:
+        """A write transaction, committed when the block ends without an exception.
+        lmdb.Error escapes (MapFullError: the index is full); damage is StoreDamagedError."""
+        try:
+            with self._env.begin(write=True, buffers=True) as txn:
+                writer = IndexWriter(txn, self.dbs, self.segment_bytes, self._config.max_bytes)
+                yield writer
+                writer.finish()
+        except lmdb.Error as exc:
+            self._note_damage(exc)
+            raise
+
+    def _note_damage(self, exc: lmdb.Error) -> None:
+        """StoreDamagedError for structural damage (remembered); else nothing."""
+        if isinstance(exc, DAMAGE_ERRORS):
+            self.damaged = True
+            raise_if_damage(exc, self.path)
+
+    def lookup(self, keys: Sequence[bytes]) -> Lookup:
+        """Each key's location in one read transaction."""
+        found: list[Location | None] = []
+        damaged: list[int] = []
+        with self.reading() as txn:
+            for i, key in enumerate(keys):
+                raw = txn.get(key, db=self.dbs.pages)
+                loc = None if raw is None else Location.unpack(raw)
+                if raw is not None and loc is None:
+                    damaged.append(i)
+                found.append(loc)
+        return Lookup(found, damaged)
+
+    def count_leading(self, keys: Sequence[bytes]) -> int:
+        with self.reading() as txn:
+            for count, key in enumerate(keys):
+                if txn.get(key, db=self.dbs.pages) is None:
+                    return count
+        return len(keys)
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        """Per key, whether the index holds an entry (one read transaction)."""
+        with self.reading() as txn:
+            return [txn.get(key, db=self.dbs.pages) is not None for key in keys]
+
+    def size(self) -> tuple[int, int]:
+        """(pages, bytes used)."""
+        with self.reading() as txn:
+            entries = txn.stat(self.dbs.pages)["entries"]
+            return entries, from_u64(txn.get(META_BYTES_USED, db=self.dbs.meta))
+
+    def sync(self) -> None:
+        self._env.sync(True)
+
+    def data_file(self) -> Path:
+        return self.path / "data.mdb"
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def _fingerprint(raw: bytes | None) -> str:
+    """The stored fingerprint; StoreDamagedError if it is not the printable text written."""
+    try:
+        text = bytes(raw or b"").decode("ascii")
+    except UnicodeDecodeError:
+        text = "\n"
+    if not text.isprintable():
+        raise StoreDamagedError(f"the index's fingerprint is damaged: {raw!r:.80}")
+    return text

@@ -1,0 +1,51 @@
+"""A batch's reads or writes on a small thread pool: pread/pwrite release the GIL, so
+the bytes in flight grow with the threads."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+class IoPool:
+    """Runs ``fn`` over items in up to ``threads`` chunks; small batches run inline.
+    Thread-safe; ``fn`` must not raise (callers return per-item outcomes)."""
+
+    def __init__(self, threads: int) -> None:
+        self._threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="disk-io")
+            return self._pool
+
+    def map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+        if self._threads == 1 or len(items) < 2:
+            return [fn(item) for item in items]
+        chunks = min(self._threads, len(items))
+        parts = [items[i::chunks] for i in range(chunks)]
+        futures = [self._executor().submit(_run_all, fn, part) for part in parts[1:]]
+        results = [_run_all(fn, parts[0])]  # this thread does a share too
+        results += [f.result() for f in futures]
+        out: list[_R] = [None] * len(items)  # type: ignore[list-item]
+        for start, part in enumerate(results):
+            out[start::chunks] = part
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+def _run_all(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    return [fn(item) for item in items]

@@ -1,0 +1,131 @@
+"""Where a page record lives: slot classes, locations and the store directory's file names.
+
+A page record (``page_format``: header, then payload) takes one slot of its size
+class. A class is a stride and an alignment: records whose 4 KiB rounding costs at
+most ``_ROUND_4K_WASTE`` (pages of ~200 KiB and more) get 4 KiB-aligned slots, the
+others are packed at 64-byte granularity, so that a 4 KiB page takes 4,160 bytes
+(1.016x) and a 16 KiB one 16,448 (1.004x) instead of 8 and 20 KiB. With O_DIRECT
+every slot is 4 KiB-aligned (the kernel's rule), whatever it costs in space.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from storage_backends.page_format import HEADER_BYTES
+
+BLOCK = 4096
+PACK = 64
+_ROUND_4K_WASTE = 0.02
+
+INDEX_DIR = "index"
+SEGMENT_PREFIX = "segment-"
+SEGMENT_SUFFIX = ".dat"
+CLEAN_MARKER = "clean-close"  # present only while no process has the store open
+OWNERS_LOCK = "owners.lock"  # every process holding the store open has a shared flock
+
+
+class SlotClass(NamedTuple):
+    """Slots of one stride and alignment; freed slots are reused only within their class."""
+
+    stride: int
+    align: int
+
+    def pack(self) -> bytes:
+        return _CLASS.pack(self.stride, self.align)
+
+    @staticmethod
+    def unpack(raw: bytes) -> SlotClass:
+        stride, align = _CLASS.unpack_from(raw)
+        return SlotClass(stride, align)
+
+
+_CLASS = struct.Struct(">IH")
+CLASS_BYTES = _CLASS.size
+
+
+def round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def slot_class(payload_len: int, direct_io: bool) -> SlotClass:
+    """The class a page of ``payload_len`` bytes is stored in."""
+    record = HEADER_BYTES + payload_len
+    block = round_up(record, BLOCK)
+    if direct_io or block <= record * (1 + _ROUND_4K_WASTE):
+        return SlotClass(block, BLOCK)
+    return SlotClass(round_up(record, PACK), PACK)
+
+
+class Slot(NamedTuple):
+    """A slot's place: segment number and byte offset in it."""
+
+    segment: int
+    offset: int
+
+    def pack(self) -> bytes:
+        """Big-endian, so that a cursor walks a segment's slots in offset order."""
+        return _SLOT.pack(self.segment, self.offset)
+
+    @staticmethod
+    def unpack(raw: bytes) -> Slot:
+        segment, offset = _SLOT.unpack_from(raw)
+        return Slot(segment, offset)
+
+
+_SLOT = struct.Struct(">IQ")
+SLOT_BYTES = _SLOT.size
+
+
+class Location(NamedTuple):
+    """What the index stores per page: its slot, class, payload length and recency stamp
+    (flat, so that a batch's lookups build one object a page)."""
+
+    segment: int
+    offset: int
+    stride: int
+    align: int
+    payload_len: int
+    stamp: int
+
+    @staticmethod
+    def of(slot: Slot, cls: SlotClass, payload_len: int, stamp: int) -> Location:
+        return Location(slot.segment, slot.offset, cls.stride, cls.align, payload_len, stamp)
+
+    def pack(self) -> bytes:
+        return _LOCATION.pack(*self)
+
+    @staticmethod
+    def unpack(raw: bytes | memoryview) -> Location | None:
+        """None when ``raw`` is not a location (a damaged index value)."""
+        if len(raw) != _LOCATION.size:
+            return None
+        return Location._make(_LOCATION.unpack_from(raw))
+
+    @property
+    def slot(self) -> Slot:
+        return Slot(self.segment, self.offset)
+
+    @property
+    def cls(self) -> SlotClass:
+        return SlotClass(self.stride, self.align)
+
+    @property
+    def record_len(self) -> int:
+        return HEADER_BYTES + self.payload_len
+
+
+_LOCATION = struct.Struct("<IQIHQQ")
+
+
+def segment_name(segment: int) -> str:
+    return f"{SEGMENT_PREFIX}{segment:06d}{SEGMENT_SUFFIX}"
+
+
+def segment_number(name: str) -> int | None:
+    """The number in a segment file's name; None for any other file."""
+    if not (name.startswith(SEGMENT_PREFIX) and name.endswith(SEGMENT_SUFFIX)):
+        return None
+    digits = name[len(SEGMENT_PREFIX) : -len(SEGMENT_SUFFIX)]
+    return int(digits) if digits.isdigit() else None

@@ -1,0 +1,157 @@
+"""Segment files: page records at known offsets, written with pwritev and read with preadv.
+
+One file descriptor per segment, opened on first use and kept; pread/pwrite take
+explicit offsets, so every thread (and process) shares them without seeking. With
+O_DIRECT, records go through page-aligned bounce buffers (the kernel wants the
+buffer, the offset and the length aligned); otherwise straight from and into the
+caller's buffers.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from storage_backends.disk.layout import BLOCK, Slot, round_up, segment_name
+from storage_backends.errors import StorageOpenError
+from storage_backends.page_format import HEADER_BYTES
+
+_DIRECT = getattr(os, "O_DIRECT", 0)
+# Files grow by at least this much at a time (posix_fallocate), so that writes land in
+# allocated blocks and a full disk shows up as one failed put, not a torn record.
+_GROW_STEP = 64 << 20
+_MIN_GROW = 1 << 20
+
+
+class SegmentFiles:
+    """The segment files of one store directory. Thread-safe.
+
+    ``write`` and ``read`` raise OSError (ENOENT for a deleted segment when
+    reading, ENOSPC for a full disk); callers turn it into a failed put or a miss.
+    """
+
+    def __init__(self, root: Path, max_file_bytes: int, direct_io: bool) -> None:
+        self._root = root
+        self._max_file_bytes = round_up(max_file_bytes, BLOCK)
+        self._direct = direct_io
+        self._fds: dict[int, int] = {}
+        self._sizes: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def path(self, segment: int) -> Path:
+        return self._root / segment_name(segment)
+
+    def _fd(self, segment: int, create: bool) -> int:
+        fd = self._fds.get(segment)  # the common case, without the lock
+        if fd is not None:
+            return fd
+        with self._lock:
+            fd = self._fds.get(segment)
+            if fd is None:
+                flags = os.O_RDWR | (os.O_CREAT if create else 0) | (_DIRECT if self._direct else 0)
+                fd = os.open(self.path(segment), flags, 0o644)
+                self._fds[segment] = fd
+            return fd
+
+    def reserve(self, segment: int, end: int) -> None:
+        """Make sure blocks exist up to ``end`` (grows in steps). OSError (ENOSPC) if not."""
+        with self._lock:
+            known = self._sizes.get(segment, 0)
+        if end <= known:
+            return
+        fd = self._fd(segment, create=True)
+        size = os.fstat(fd).st_size
+        if end > size:
+            step = min(max(size, _MIN_GROW), _GROW_STEP)  # doubling: small stores stay small
+            target = max(end, min(size + step, self._max_file_bytes))
+            try:
+                os.posix_fallocate(fd, size, target - size)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise  # ENOSPC: the put fails; without fallocate support, writes grow it
+            size = max(size, os.fstat(fd).st_size)
+        with self._lock:
+            self._sizes[segment] = max(size, self._sizes.get(segment, 0))
+
+    def write(self, slot: Slot, header: bytes, payload: memoryview) -> None:
+        """Write one record at ``slot``; OSError if the whole record was not written."""
+        fd = self._fd(slot.segment, create=True)
+        if self._direct:
+            _write_direct(fd, slot.offset, header, payload)
+            return
+        written = os.pwritev(fd, [header, payload], slot.offset)
+        if written != len(header) + len(payload):
+            raise OSError(errno.EIO, f"short write: {written} bytes")
+
+    def read(
+        self, segment: int, offset: int, header: bytearray, payload: Sequence[memoryview]
+    ) -> int:
+        """Read a record's header and payload runs at ``offset``; return the bytes read."""
+        fd = self._fd(segment, create=False)
+        if self._direct:
+            return _read_direct(fd, offset, header, payload)
+        return os.preadv(fd, [header, *payload], offset)
+
+    def sync(self) -> None:
+        """fdatasync every segment written through this object."""
+        with self._lock:
+            fds = list(self._fds.values())
+        for fd in fds:
+            os.fdatasync(fd)
+
+    def close(self) -> None:
+        with self._lock:
+            fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            os.close(fd)
+
+
+def check_direct_io(root: Path) -> None:
+    """StorageOpenError unless files under ``root`` can be opened with O_DIRECT."""
+    if not _DIRECT:
+        raise StorageOpenError("storage.direct_io: O_DIRECT is not available on this platform")
+    probe = root / ".direct-io-probe"
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | _DIRECT, 0o644)
+    except OSError as exc:
+        raise StorageOpenError(
+            f"storage.direct_io: the file system of {root} refuses O_DIRECT ({exc.strerror}); "
+            "set storage.direct_io = false"
+        ) from exc
+    os.close(fd)
+    probe.unlink(missing_ok=True)
+
+
+def _aligned(size: int) -> mmap.mmap:
+    """An anonymous page-aligned buffer of ``size`` bytes (a multiple of BLOCK)."""
+    return mmap.mmap(-1, size)
+
+
+def _write_direct(fd: int, offset: int, header: bytes, payload: memoryview) -> None:
+    length = round_up(len(header) + len(payload), BLOCK)
+    with _aligned(length) as buf:
+        buf[: len(header)] = header
+        buf[len(header) : len(header) + len(payload)] = payload
+        written = os.pwritev(fd, [buf], offset)
+    if written != length:
+        raise OSError(errno.EIO, f"short write: {written} bytes")
+
+
+def _read_direct(fd: int, offset: int, header: bytearray, payload: Sequence[memoryview]) -> int:
+    total = HEADER_BYTES + sum(len(p) for p in payload)
+    with _aligned(round_up(total, BLOCK)) as buf:
+        got = min(os.preadv(fd, [buf], offset), total)
+        view = memoryview(buf)
+        try:
+            header[:] = view[:HEADER_BYTES]
+            at = HEADER_BYTES
+            for run in payload:
+                run[:] = view[at : at + len(run)]
+                at += len(run)
+        finally:
+            view.release()
+    return got
