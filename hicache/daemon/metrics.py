@@ -97,7 +97,9 @@ class DaemonMetrics:
             f"{_PREFIX}_in_flight_requests", "writes waiting for their commit", registry=reg
         )
         self.queued_reads = Gauge(
-            f"{_PREFIX}_queued_reads", "GET and EXISTS waiting for a reader thread", registry=reg
+            f"{_PREFIX}_queued_reads",
+            "reads (GET, EXISTS, CONTAINS) waiting for a reader thread",
+            registry=reg,
         )
         self.reply_bytes = Gauge(
             f"{_PREFIX}_queued_reply_bytes",

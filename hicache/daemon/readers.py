@@ -1,4 +1,5 @@
-"""Readers: the daemon's pool of threads that answer GET and EXISTS off the socket thread."""
+"""Readers: the daemon's pool of threads that answer reads (GET, EXISTS, CONTAINS) off the
+socket thread."""
 
 from __future__ import annotations
 

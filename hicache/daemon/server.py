@@ -1,7 +1,7 @@
 """DaemonServer: the ROUTER socket loop of ``hicache serve``.
 
 One thread owns the socket and only receives, routes and sends: it answers PING
-and STATS at once, queues GET and EXISTS per client for the reader threads
+and STATS at once, queues GET, EXISTS and CONTAINS per client for the reader threads
 (``readers``: round robin across clients, so one client's bulk reads never hold
 another's small request), and hands writes (PUT, DELETE) to the writer thread,
 replying when their commit is done. Replies go out as they complete, so one
@@ -285,7 +285,7 @@ class DaemonServer:
         self._metrics.queued_reads.set(self._readers.stats().queued)
 
     def _serve_read(self, job: ReadJob) -> ReadDone:
-        """Answer one GET or EXISTS (on a reader thread)."""
+        """Answer one GET, EXISTS or CONTAINS (on a reader thread)."""
         request = job.request
         try:
             if request.op is Op.EXISTS:
@@ -301,8 +301,8 @@ class DaemonServer:
     def _get(self, job: ReadJob) -> ReadDone:
         # Replies are capped like requests and by the room left for replies not yet taken
         # by this peer (and all peers), so a client that never reads cannot pile up memory.
-        # The pages read are claimed before the reply is built, so readers serving one
-        # peer at once never together exceed its room.
+        # The pages read are claimed before the reply is built, so readers serving several
+        # peers at once never together exceed the total room.
         room = self._replies.room(job.peer)
         if room <= 0:
             raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
@@ -311,7 +311,7 @@ class DaemonServer:
         records = lookup.records
         sizes = [len(record) for record in records if record is not None]
         fits = self._replies.claim(job.peer, sizes)
-        if fits < len(sizes):  # another reader of this peer claimed room meanwhile
+        if fits < len(sizes):  # other peers' readers claimed the total room meanwhile
             records = _keep_hits(records, fits)
         pages = tuple(record for record in records if record is not None)
         truncated = lookup.truncated or fits < len(sizes)
