@@ -107,6 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dir", type=Path, help="scratch directory (default: a temp dir)")
     parser.add_argument(
+        "--linker",
+        action="store_true",
+        help="add the linker's rows: SGLang's UnifiedRadixCache with HicacheLinker below it "
+        "against the L3 path, same pages and daemon (imports SGLang's tree: slower start)",
+    )
+    parser.add_argument(
         "--json", type=Path, help="write the rows as a JSON list here (default: print only)"
     )
 
@@ -363,6 +369,12 @@ def _print(rows: Sequence[Row], geometry: Geometry) -> None:
         )
 
 
+def _linker_rows(geometry: Geometry, root: Path, repeat: int) -> list[Row]:
+    from hicache.bench import sglang_linker_rows
+
+    return sglang_linker_rows.measure(geometry, root, repeat)
+
+
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.torch_threads)
     try:
@@ -377,9 +389,15 @@ def run(args: argparse.Namespace) -> int:
     root = Path(tempfile.mkdtemp(prefix="hicache-sglang-", dir=args.dir))
     try:
         rows = measure(geometry, root, args.repeat)
+        linker_rows = _linker_rows(geometry, root, args.repeat) if args.linker else []
     finally:
         shutil.rmtree(root, ignore_errors=True)
     _print(rows, geometry)
+    if linker_rows:
+        from hicache.bench.sglang_linker_rows import print_rows
+
+        print_rows(linker_rows)
+    rows += linker_rows
     if args.json is not None:
         data = [
             {**asdict(r), "ratio": round(r.ratio, 3), "cpu_ratio": round(r.cpu_ratio, 3)}

@@ -87,6 +87,7 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def __init__(self, roots: Sequence[str]) -> None:
         self.roots = set(roots)
+        self.used: set[str] = set()  # the roots something imported while stood in for
 
     def find_spec(
         self, name: str, path: Sequence[str] | None, target: types.ModuleType | None = None
@@ -96,6 +97,7 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        self.used.add(spec.name.split(".")[0])  # imported, not just probed for
         return _Stub(spec.name)
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -104,14 +106,17 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 @contextmanager
-def _unused_imports_stubbed() -> Iterator[None]:
+def unused_imports_stubbed() -> Iterator[_StubFinder]:
+    """Empty stand-ins for SGLang's GPU/image-only imports (``tvm_ffi``, ``torchvision``,
+    ``triton``) that are not installed, while SGLang's modules are imported; the
+    finder yielded records which of them were imported (``used``)."""
     missing = [m for m in _UNUSED_IMPORTS if importlib.util.find_spec(m) is None]
     if "triton" in missing:
         _torch_sees_no_triton()
     finder = _StubFinder(missing)
     sys.meta_path.insert(0, finder)
     try:
-        yield
+        yield finder
     finally:
         sys.meta_path.remove(finder)
         # SGLang's modules keep their references; later imports (torch's
@@ -141,7 +146,7 @@ def load() -> Peers:
         )
     os.environ.setdefault(BACKEND_ENV, "rust")
     try:
-        with _unused_imports_stubbed():
+        with unused_imports_stubbed():
             from hicache.bench import sglang_drivers
     except ImportError as e:
         raise SglangUnavailable(f"SGLang does not import here: {e}") from None
