@@ -392,6 +392,12 @@ class LmdbBackend:
                     return count
         return len(keys)
 
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_open()
+        check_keys(keys)
+        with self._reading() as txn:
+            return [txn.get(key, db=self._dbs.pages) is not None for key in keys]
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
         return self._read_runs(keys, [[view] for view in check_batch(keys, dst, writable=True)])

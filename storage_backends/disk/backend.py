@@ -184,6 +184,11 @@ class DiskBackend:
         check_keys(keys)
         return self._index.count_leading(keys)
 
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_open()
+        check_keys(keys)
+        return self._index.contains(keys)
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
         views = check_batch(keys, dst, writable=True)
