@@ -48,7 +48,7 @@ class ServerConfig:
     # share (or all clients over the total) gets BUSY instead of more pages.
     max_queued_reply_bytes_per_peer: int = 256 << 20
     max_queued_reply_bytes: int = 1 << 30
-    max_peers: int = 4096  # over it, the idlest connection is shut (also kept under the fd limit)
+    max_peers: int = 4096  # over it: the idlest (silent 2 heartbeats) or the newcomer goes
     readers: int = 4  # threads that answer GET and EXISTS (index lookups and copies drop the GIL)
     heartbeat_s: float = 10.0  # ZMTP heartbeats; a peer silent for 3 intervals is dropped; 0: off
     handshake_timeout_s: float = 10.0  # a connection that has not handshaken by then is dropped

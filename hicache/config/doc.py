@@ -113,7 +113,8 @@ DAEMON_MEANINGS: dict[str, str] = {
     "server.max_queued_reply_bytes": "GET replies not read yet, all clients; over it, BUSY",
     "server.max_peers": (
         "connections at once (kept under the fd limit); a new one over it takes the slot of "
-        "the connection longest without traffic"
+        "the connection longest without traffic if that one was silent for 2 heartbeats, "
+        "else it is refused"
     ),
     "server.readers": "threads answering GET and EXISTS; one client's reads at a time, in turn",
     "server.heartbeat_s": "ZMTP heartbeat; a peer silent for 3 intervals is dropped; 0: off",
