@@ -65,6 +65,16 @@ class StorageBackend(Protocol):
         """
         ...
 
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        """Return, per key, whether it is present (one answer for the whole batch).
+
+        The membership test of ``exists`` without stopping at a miss, for callers
+        that probe keys past a gap. Same as ``exists``: a present page may still
+        turn out damaged on ``get``; mutates nothing (recency is not updated);
+        thread-safe like every method; raises only as ``exists`` does.
+        """
+        ...
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         """Copy the page of each key into the caller-owned buffer ``dst[i]``.
 

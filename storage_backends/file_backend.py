@@ -227,6 +227,11 @@ class FileBackend:
                 return count
         return len(keys)
 
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_open()
+        check_keys(keys)
+        return [os.path.exists(self._path(key)) for key in keys]
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
         return self._read_runs(keys, [[view] for view in check_batch(keys, dst, writable=True)])

@@ -14,7 +14,6 @@ import enum
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -40,6 +39,7 @@ from storage_backends.page_format import (
     encode_page,
     validate,
 )
+from storage_backends.recency import FLUSH_AT, PendingTouches
 from storage_backends.scatter import Runs, check_scatter, copy_verified_runs
 from storage_backends.store_dir import (
     StoreMeta,
@@ -55,7 +55,6 @@ _META_FINGERPRINT = b"fingerprint"
 _META_BYTES_USED = b"bytes_used"
 # Recency updates from gets are applied in the next write transaction, or
 # in a transaction of their own once this many have piled up.
-_TOUCH_FLUSH = 4096
 # LMDB rounds large values up to whole pages and needs room for B-tree pages
 # and transaction copies; the map gets this much beyond max_bytes.
 _MIN_HEADROOM = 64 << 20
@@ -238,8 +237,7 @@ class LmdbBackend:
             self._let_go(mark_clean=False)
             raise
         self._write_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._touched: OrderedDict[bytes, None] = OrderedDict()
+        self._touches = PendingTouches()
         self._closed = False
         self._identity = _file_identity(Path(self._env.path()))
         self._retired: list[lmdb.Environment] = []  # replaced by a reopen; closed at close()
@@ -392,6 +390,12 @@ class LmdbBackend:
                     return count
         return len(keys)
 
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_open()
+        check_keys(keys)
+        with self._reading() as txn:
+            return [txn.get(key, db=self._dbs.pages) is not None for key in keys]
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
         return self._read_runs(keys, [[view] for view in check_batch(keys, dst, writable=True)])
@@ -465,26 +469,15 @@ class LmdbBackend:
         """Queue recency updates; flush them now only if many are pending and no write runs."""
         if not keys:
             return
-        with self._lock:
-            for key in keys:
-                self._touched[key] = None
-                self._touched.move_to_end(key)
-            pending = len(self._touched)
-        if pending >= _TOUCH_FLUSH and self._write_lock.acquire(blocking=False):
+        if self._touches.add(keys) >= FLUSH_AT and self._write_lock.acquire(blocking=False):
             try:
                 self._flush_touches()
             finally:
                 self._write_lock.release()
 
-    def _take_touched(self) -> list[bytes]:
-        with self._lock:
-            keys = list(self._touched)
-            self._touched.clear()
-        return keys
-
     def _flush_touches(self) -> None:
         """Apply queued recency updates; the caller holds the write lock."""
-        keys = self._take_touched()
+        keys = self._touches.take()
         if not keys:
             return
         try:
@@ -505,7 +498,7 @@ class LmdbBackend:
             if not self._reopen_if_replaced():
                 self._counters.record_put(0, len(keys), 0)
                 return [False] * len(keys)
-            outcome = self._write_with_retry(self._take_touched(), keys, views)
+            outcome = self._write_with_retry(self._touches.take(), keys, views)
         self._counters.record_put(outcome.puts, outcome.failures, outcome.evictions)
         return outcome.results
 

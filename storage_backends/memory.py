@@ -50,6 +50,12 @@ class MemoryBackend:
                     return count
         return len(keys)
 
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_open()
+        check_keys(keys)
+        with self._lock:
+            return [key in self._pages for key in keys]
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
         return self._read(keys, [[view] for view in check_batch(keys, dst, writable=True)])

@@ -120,6 +120,15 @@ class MooncakeBackend:
         codes = self._call(lambda: self._store.batch_is_exist(names), len(names), "exists").codes
         return count_leading(code == 1 for code in codes or [])
 
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_open()
+        check_keys(keys)
+        if not keys:
+            return []
+        names = self._names(keys)
+        codes = self._call(lambda: self._store.batch_is_exist(names), len(names), "contains").codes
+        return [code == 1 for code in codes] if codes is not None else [False] * len(keys)
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
         views = check_batch(keys, dst, writable=True)

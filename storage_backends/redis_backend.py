@@ -114,6 +114,15 @@ class RedisBackend:
         replies = self._io.run(names, lambda pipe, i: pipe.exists(names[i]))
         return count_leading(reply == 1 for reply in replies)
 
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_open()
+        check_keys(keys)
+        if not keys:
+            return []
+        names = self._names(keys)
+        replies = self._io.run(names, lambda pipe, i: pipe.exists(names[i]))
+        return [reply == 1 for reply in replies]
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
         views = check_batch(keys, dst, writable=True)

@@ -23,6 +23,9 @@ class RaisingBackend:
     def exists(self, keys: Sequence[bytes]) -> int:
         self._fail()
 
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._fail()
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._fail()
 

@@ -29,6 +29,7 @@ import numpy as np
 import zmq
 from tqdm import tqdm
 
+from hicache.bench.daemon_fairness import FairnessRow, measure_fairness, print_fairness
 from hicache.bench.processes import ServerProcess, start_daemon, start_echo
 from hicache.config.flags import at_least
 from storage_backends import StorageConfig
@@ -332,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
             config = StorageConfig(backend="remote", endpoint=daemon.endpoint, timeout_s=60.0)
             backend, echo = RemoteBackend(config), EchoClient(echo_server.endpoint)
             rows, missing = run_cells(backend, echo, counts, args)
+            fairness: list[FairnessRow] = measure_fairness(daemon.endpoint)
         finally:
             for closable in (backend, echo):
                 if closable is not None:
@@ -340,11 +342,13 @@ def run(args: argparse.Namespace) -> int:
                 echo_server.stop()
             daemon.stop()
     print_rows(rows)
+    print_fairness(fairness)
     if missing:
         print(f"WARNING: {missing} pages were not stored or not read back")
     big_gets = [r.ratio for r in rows if r.op == "GET" and r.page_bytes >= 256 << 10]
     print(f"GET ratio for pages >= 256 KiB: min {min(big_gets):.2f} (target >= 0.5)")
     if args.json is not None:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+        report = {"cells": [asdict(r) for r in rows], "fairness": [r._asdict() for r in fairness]}
+        args.json.write_text(json.dumps(report, indent=2))
         print(f"report: {args.json}")
     return 0 if not missing else 1

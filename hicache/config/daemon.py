@@ -48,7 +48,8 @@ class ServerConfig:
     # share (or all clients over the total) gets BUSY instead of more pages.
     max_queued_reply_bytes_per_peer: int = 256 << 20
     max_queued_reply_bytes: int = 1 << 30
-    max_peers: int = 4096  # connections beyond are shut at once (also kept under the fd limit)
+    max_peers: int = 4096  # over it: the idlest (silent 2 heartbeats) or the newcomer goes
+    readers: int = 4  # threads that answer GET and EXISTS (index lookups and copies drop the GIL)
     heartbeat_s: float = 10.0  # ZMTP heartbeats; a peer silent for 3 intervals is dropped; 0: off
     handshake_timeout_s: float = 10.0  # a connection that has not handshaken by then is dropped
 
@@ -65,7 +66,12 @@ class ServerConfig:
         _check(self.max_inflight_requests >= 1, "server.max_inflight_requests", "must be >= 1")
         _check(self.max_inflight_bytes >= 1, "server.max_inflight_bytes", "must be >= 1")
         _check(self.shutdown_timeout_s > 0, "server.shutdown_timeout_s", "must be > 0")
-        for name in ("max_queued_reply_bytes_per_peer", "max_queued_reply_bytes", "max_peers"):
+        for name in (
+            "max_queued_reply_bytes_per_peer",
+            "max_queued_reply_bytes",
+            "max_peers",
+            "readers",
+        ):
             _check(getattr(self, name) >= 1, f"server.{name}", "must be >= 1")
         _check(self.heartbeat_s >= 0, "server.heartbeat_s", "must be >= 0")
         _check(self.handshake_timeout_s > 0, "server.handshake_timeout_s", "must be > 0")

@@ -103,13 +103,20 @@ MEANINGS: dict[str, str] = {
 DAEMON_MEANINGS: dict[str, str] = {
     "server.endpoint": "`tcp://HOST:PORT` (port 0: OS-picked) or `ipc://PATH` to listen on",
     "server.allow_remote": "bind beyond loopback without CURVE (logged as a warning)",
-    "server.max_inflight_requests": "writes waiting for their commit; more are answered BUSY",
+    "server.max_inflight_requests": (
+        "writes waiting for their commit, and reads waiting for a reader; more are answered BUSY"
+    ),
     "server.max_inflight_bytes": "bytes of those writes; more are answered BUSY",
     "server.ready_file": "JSON `{endpoint, metrics_port, pid}` written once bound; empty: none",
     "server.shutdown_timeout_s": "on SIGTERM, longest wait for in-flight writes to commit",
     "server.max_queued_reply_bytes_per_peer": "GET replies one client has not read; over it, BUSY",
     "server.max_queued_reply_bytes": "GET replies not read yet, all clients; over it, BUSY",
-    "server.max_peers": "connections at once; more are shut at once (kept under the fd limit)",
+    "server.max_peers": (
+        "connections at once (kept under the fd limit); a new one over it takes the slot of "
+        "the connection longest without traffic if that one was silent for 2 heartbeats, "
+        "else it is refused"
+    ),
+    "server.readers": "threads answering GET and EXISTS; one client's reads at a time, in turn",
     "server.heartbeat_s": "ZMTP heartbeat; a peer silent for 3 intervals is dropped; 0: off",
     "server.handshake_timeout_s": "a connection that has not handshaken by then is dropped",
     "store.path": "LMDB directory; empty: `daemon-store` in the per-user cache directory",

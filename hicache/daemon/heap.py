@@ -7,8 +7,11 @@ freed buffer of a megabyte or so is handed back to the kernel (``munmap``, or
 in and zeroes fresh pages: measured at about a fifth of a PUT's time in the
 daemon. Fixed thresholds keep such buffers inside the process for the next
 request instead. Memory stays bounded: at most ``TRIM_BYTES`` of free space
-is kept at the top of each malloc arena (one per busy thread), on top of what
-the daemon's own bounds (in-flight writes, reply budgets, memory tier) allow.
+is kept at the top of the malloc arena, on top of what the daemon's own
+bounds (in-flight writes, reply budgets, memory tier) allow. There is one
+arena: page buffers are Python objects allocated under the GIL, so an arena
+per reader thread would buy no parallelism, only free space kept per thread
+(measured: the reply-budget test's growth doubled with four readers).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ logger = logging.getLogger(__name__)
 # mallopt parameter numbers from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 
 # Buffers up to this size come from the heap (the ceiling glibc's own sliding threshold
 # has on 64-bit), so pages up to 32 MiB are recycled rather than mapped and unmapped.
@@ -40,7 +44,8 @@ class HeapSettings(NamedTuple):
 
 
 def keep_freed_pages(mmap_bytes: int = MMAP_BYTES, trim_bytes: int = TRIM_BYTES) -> HeapSettings:
-    """Set glibc's mmap and trim thresholds for this process (process-wide, all threads).
+    """Set glibc's mmap and trim thresholds and one arena for this process (process-wide,
+    all threads; call it before starting threads).
 
     Mutates the C allocator's settings only; a no-op (``applied`` False) on a C
     library without ``mallopt`` or that refuses a value. Raises ValueError for
@@ -62,4 +67,6 @@ def keep_freed_pages(mmap_bytes: int = MMAP_BYTES, trim_bytes: int = TRIM_BYTES)
     if mallopt(_M_MMAP_THRESHOLD, mmap_bytes) != 1 or mallopt(_M_TRIM_THRESHOLD, trim_bytes) != 1:
         logger.warning("glibc refused the malloc thresholds; freed pages go back to the kernel")
         return off
+    if mallopt(_M_ARENA_MAX, 1) != 1:  # before the reader threads start
+        logger.warning("glibc refused one malloc arena; each thread may keep its free space")
     return HeapSettings(True, mmap_bytes, trim_bytes)

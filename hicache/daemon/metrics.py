@@ -96,6 +96,19 @@ class DaemonMetrics:
         self.in_flight = Gauge(
             f"{_PREFIX}_in_flight_requests", "writes waiting for their commit", registry=reg
         )
+        self.queued_reads = Gauge(
+            f"{_PREFIX}_queued_reads",
+            "reads (GET, EXISTS, CONTAINS) waiting for a reader thread",
+            registry=reg,
+        )
+        self.reply_bytes = Gauge(
+            f"{_PREFIX}_queued_reply_bytes",
+            "page bytes of GET replies being read or queued for clients that have not taken them",
+            registry=reg,
+        )
+        self.read_failures = Counter(
+            f"{_PREFIX}_reader_failures", "reads that raised (answered INTERNAL)", registry=reg
+        )
         self.latency = Histogram(
             f"{_PREFIX}_request_duration_seconds",
             "time from receiving a request to sending its reply",

@@ -4,12 +4,15 @@ A ROUTER queues replies for a peer that does not read without limit (its
 high-water mark counts messages, and dropping silently would hide it), so the
 daemon tracks each GET reply it hands to ZeroMQ until ZeroMQ releases its
 frames (sent, or dropped with the peer) and bounds the bytes per peer and in
-total. A peer out of room gets BUSY without the daemon reading a page for it.
+total, counting the pages reader threads hold for replies not yet sent. A peer
+out of room gets BUSY without the daemon reading a page for it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import zmq
@@ -21,38 +24,75 @@ class _Queued(NamedTuple):
 
 
 class ReplyBudget:
-    """Per-peer FIFO of tracked replies. Used by the socket thread only (not thread-safe).
+    """Per-peer FIFO of tracked replies, plus bytes claimed by replies still being read.
 
-    ``room`` is what a new reply to ``peer`` may hold; ``add`` records a reply
-    sent with ``track=True``; ``sweep`` forgets released replies of every peer
-    (a peer that went away is forgotten once ZeroMQ dropped its queue).
+    ``room`` is what a new reply to ``peer`` may hold; a reader ``claim``s the
+    bytes of the pages it read before they become a reply (so readers running
+    at once for one peer never together exceed its room); ``add`` turns a
+    claim into a reply sent with ``track=True``; ``unclaim`` gives a claim
+    back (reply not sent, or sent without pages); ``sweep`` forgets released
+    replies of every peer (a peer that went away is forgotten once ZeroMQ
+    dropped its queue). Thread-safe (one lock).
     """
 
     def __init__(self, per_peer: int, total: int) -> None:
         self._per_peer = per_peer
         self._total = total
         self._peers: dict[bytes, deque[_Queued]] = {}
-        self._queued: dict[bytes, int] = {}
-        self._queued_total = 0
+        self._held: dict[bytes, int] = {}  # queued + claimed, per peer
+        self._held_total = 0
+        self._lock = threading.Lock()
 
     @property
     def queued_bytes(self) -> int:
-        return self._queued_total
+        """Bytes held: replies queued in ZeroMQ and claims of replies being read."""
+        return self._held_total
 
     def room(self, peer: bytes) -> int:
-        self._release(peer)
-        return min(self._per_peer - self._queued.get(peer, 0), self._total - self._queued_total)
+        with self._lock:
+            self._release(peer)
+            return self._room(peer)
 
-    def add(self, peer: bytes, tracker: zmq.MessageTracker, nbytes: int) -> None:
-        if tracker.done:
-            return
-        self._peers.setdefault(peer, deque()).append(_Queued(tracker, nbytes))
-        self._queued[peer] = self._queued.get(peer, 0) + nbytes
-        self._queued_total += nbytes
+    def _room(self, peer: bytes) -> int:
+        return min(self._per_peer - self._held.get(peer, 0), self._total - self._held_total)
+
+    def claim(self, peer: bytes, sizes: Sequence[int]) -> int:
+        """Claim the longest run of leading ``sizes`` that fits; return how many."""
+        with self._lock:
+            self._release(peer)
+            room, used, count = self._room(peer), 0, 0
+            for size in sizes:
+                if used + size > room:
+                    break
+                used += size
+                count += 1
+            self._hold(peer, used)
+            return count
+
+    def unclaim(self, peer: bytes, nbytes: int) -> None:
+        with self._lock:
+            self._hold(peer, -nbytes)
+
+    def add(self, peer: bytes, tracker: zmq.MessageTracker, claimed: int) -> None:
+        """Track a sent reply whose ``claimed`` bytes stay held until ZeroMQ releases it."""
+        with self._lock:
+            if tracker.done:
+                self._hold(peer, -claimed)
+                return
+            self._peers.setdefault(peer, deque()).append(_Queued(tracker, claimed))
 
     def sweep(self) -> None:
-        for peer in list(self._peers):
-            self._release(peer)
+        with self._lock:
+            for peer in list(self._peers):
+                self._release(peer)
+
+    def _hold(self, peer: bytes, nbytes: int) -> None:
+        held = self._held.get(peer, 0) + nbytes
+        self._held_total += nbytes
+        if held:
+            self._held[peer] = held
+        else:
+            self._held.pop(peer, None)
 
     def _release(self, peer: bytes) -> None:
         queue = self._peers.get(peer)
@@ -60,9 +100,6 @@ class ReplyBudget:
             return
         # Replies to one peer leave in order, so only the front can have been released.
         while queue and queue[0].tracker.done:
-            released = queue.popleft().nbytes
-            self._queued[peer] -= released
-            self._queued_total -= released
+            self._hold(peer, -queue.popleft().nbytes)
         if not queue:
             del self._peers[peer]
-            del self._queued[peer]

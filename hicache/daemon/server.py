@@ -1,11 +1,15 @@
 """DaemonServer: the ROUTER socket loop of ``hicache serve``.
 
-One thread owns the socket: it decodes each request, answers reads (PING,
-STATS, EXISTS, GET) at once from the store, and hands writes (PUT, DELETE) to
-the writer thread, replying when their commit is done. Every failure becomes an
-error reply; nothing a client sends can stop the loop. What a client can make
-the daemon hold is bounded: writes in flight, GET replies it has not read
-(``replies``), connections (``peers``).
+One thread owns the socket and only receives, routes and sends: it answers PING
+and STATS at once, queues GET, EXISTS and CONTAINS per client for the reader threads
+(``readers``: round robin across clients, so one client's bulk reads never hold
+another's small request), and hands writes (PUT, DELETE) to the writer thread,
+replying when their commit is done. Replies go out as they complete, so one
+client's requests may be answered out of order (each carries its request id).
+Every failure becomes an error reply; nothing a client sends can stop the loop.
+What a client can make the daemon hold is bounded: writes in flight, reads
+queued, GET replies being read or not yet taken (``replies``), connections
+(``peers``).
 """
 
 from __future__ import annotations
@@ -23,19 +27,22 @@ from typing import NamedTuple
 
 import zmq
 
-from hicache.config.daemon import DaemonConfig, is_loopback
+from hicache.config.daemon import DaemonConfig, ServerConfig, is_loopback
 from hicache.daemon.auth import DEFAULT_TENANT, CurveAuth
 from hicache.daemon.metrics import DaemonMetrics
 from hicache.daemon.peers import PeerGuard, raise_fd_limit
+from hicache.daemon.readers import ReadDone, Readers, ReadJob
 from hicache.daemon.replies import ReplyBudget
 from hicache.daemon.store import DaemonStore, check_record, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
 from storage_backends.page_format import Verdict
 from storage_backends.remote.protocol import (
+    ContainsReply,
     DeleteReply,
     ErrorCode,
     ErrorReply,
     ExistsReply,
+    Frame,
     GetReply,
     Op,
     PingReply,
@@ -60,6 +67,14 @@ def server_version() -> str:
         return f"hicache {version('hicache')}"
     except PackageNotFoundError:
         return "hicache (not installed)"
+
+
+def _quiet_ms(server: ServerConfig) -> int:
+    """How long a connection must have been silent before it may be shut to make room:
+    two heartbeat intervals (a live engine answers every one), or, without heartbeats,
+    the handshake timeout."""
+    quiet_s = 2 * server.heartbeat_s if server.heartbeat_s > 0 else server.handshake_timeout_s
+    return int(quiet_s * 1000)
 
 
 class Bound(NamedTuple):
@@ -114,6 +129,8 @@ class DaemonServer:
         self._wake_in = self._context.socket(zmq.PULL)
         self._wake_out = self._context.socket(zmq.PUSH)
         self._writer: Writer | None = None
+        self._readers: Readers | None = None
+        self._wake_lock = threading.Lock()
         self._peers: PeerGuard | None = None
         self._in_flight = 0
         self._in_flight_bytes = 0
@@ -130,13 +147,16 @@ class DaemonServer:
     def start(self) -> Bound:
         """Bind the socket (and metrics port), start the writer, write the ready file."""
         self._configure_router()
-        self._peers = PeerGuard(self._router, self._config.server.max_peers, raise_fd_limit())
+        server = self._config.server
+        self._peers = PeerGuard(self._router, server.max_peers, raise_fd_limit(), _quiet_ms(server))
         self._router.bind(_bind_address(self._config.server.endpoint))
         endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         wake = f"inproc://hicache-daemon-wake-{id(self)}"
         self._wake_in.bind(wake)
         self._wake_out.connect(wake)
         self._writer = Writer(self._store, self._wake)
+        self._readers = Readers(self._config.server.readers, self._serve_read, self._wake)
+        self._metrics.reply_bytes.set_function(lambda: self._replies.queued_bytes)
         metrics = self._config.metrics
         port = self._metrics.serve_http(metrics.host, metrics.port) if metrics.port >= 0 else None
         bound = Bound(endpoint, port, os.getpid())
@@ -167,9 +187,9 @@ class DaemonServer:
             self._auth.secure(sock)
 
     def _wake(self) -> None:
-        # Runs on the writer thread, the only user of _wake_out.
+        # Runs on the writer and reader threads; a zmq socket is not thread-safe: one at a time.
         # zmq.Again: wake-ups already queued; the loop drains all completions at once.
-        with contextlib.suppress(zmq.Again):
+        with self._wake_lock, contextlib.suppress(zmq.Again):
             self._wake_out.send(b"", zmq.NOBLOCK)
 
     def stop(self) -> None:
@@ -189,7 +209,7 @@ class DaemonServer:
             if self._peers is not None and self._peers.socket in events:
                 self._metrics.peers.set(self._peers.handle().connected)
             if self._wake_in in events:
-                self._deliver_writes()
+                self._deliver()
             if self._router in events:
                 self._receive()
         return self.close()
@@ -244,10 +264,9 @@ class DaemonServer:
             return PingReply(request.id, self._server)
         if request.op is Op.STATS:
             return self._stats(request, tenant)
-        if request.op is Op.EXISTS:
-            return ExistsReply(request.id, self._store.exists(keys, tenant))
-        if request.op is Op.GET:
-            return self._get(identity, request, keys, tenant)
+        if request.op in (Op.EXISTS, Op.CONTAINS, Op.GET):
+            self._submit_read(ReadJob(identity.bytes, request, keys, tenant, start))
+            return None
         self._admit_write(request, nbytes)
         assert self._writer is not None
         pending = _Pending(identity, request, start, nbytes)
@@ -265,25 +284,54 @@ class DaemonServer:
         own = self._metrics.tenant_snapshot(tenant, self._store.tenant_size(tenant))
         return StatsReply(request.id, own)
 
-    def _get(
-        self, identity: zmq.Frame, request: Request, keys: tuple[bytes, ...], tenant: str
-    ) -> GetReply:
+    def _submit_read(self, job: ReadJob) -> None:
+        """Queue a read for the readers; BUSY over the bound on reads waiting."""
+        assert self._readers is not None
+        if self._readers.stats().queued >= self._config.server.max_inflight_requests:
+            raise ProtocolError(ErrorCode.BUSY, "too many reads queued; retry later")
+        if not self._readers.submit(job):
+            raise ProtocolError(ErrorCode.BUSY, "the daemon is stopping")
+        self._metrics.queued_reads.set(self._readers.stats().queued)
+
+    def _serve_read(self, job: ReadJob) -> ReadDone:
+        """Answer one GET, EXISTS or CONTAINS (on a reader thread)."""
+        request = job.request
+        try:
+            if request.op is Op.EXISTS:
+                count = self._store.exists(job.keys, job.tenant)
+                return ReadDone(job, ExistsReply(request.id, count))
+            if request.op is Op.CONTAINS:
+                present = tuple(self._store.contains(job.keys, job.tenant))
+                return ReadDone(job, ContainsReply(request.id, present))
+            return self._get(job)
+        except ProtocolError as exc:
+            return ReadDone(job, ErrorReply(request.id, exc.code, exc.message))
+
+    def _get(self, job: ReadJob) -> ReadDone:
         # Replies are capped like requests and by the room left for replies not yet taken
         # by this peer (and all peers), so a client that never reads cannot pile up memory.
-        room = self._replies.room(identity.bytes)
+        # The pages read are claimed before the reply is built, so readers serving several
+        # peers at once never together exceed the total room.
+        room = self._replies.room(job.peer)
         if room <= 0:
             raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
         cap = min(room, self._limits.max_request_bytes)
-        lookup = self._store.get(keys, request.keys, cap, tenant)
-        pages = tuple(record for record in lookup.records if record is not None)
-        if lookup.truncated and not pages and room < self._limits.max_request_bytes:
+        lookup = self._store.get(job.keys, job.request.keys, cap, job.tenant)
+        records = lookup.records
+        sizes = [len(record) for record in records if record is not None]
+        fits = self._replies.claim(job.peer, sizes)
+        if fits < len(sizes):  # other peers' readers claimed the total room meanwhile
+            records = _keep_hits(records, fits)
+        pages = tuple(record for record in records if record is not None)
+        truncated = lookup.truncated or fits < len(sizes)
+        if truncated and not pages and room < self._limits.max_request_bytes:
             raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
-        misses = len(keys) - len(pages)
+        misses = len(job.keys) - len(pages)
         self._metrics.lookups.labels(result="hit", tier="memory").inc(lookup.memory_hits)
         self._metrics.lookups.labels(result="hit", tier="store").inc(lookup.store_hits)
         self._metrics.lookups.labels(result="miss", tier="none").inc(misses)
-        found = tuple(record is not None for record in lookup.records)
-        return GetReply(request.id, found, pages)
+        found = tuple(record is not None for record in records)
+        return ReadDone(job, GetReply(job.request.id, found, pages), sum(sizes[:fits]))
 
     def _admit_write(self, request: Request, nbytes: int) -> None:
         """BUSY over the in-flight bounds; MALFORMED for a page record that fails its check."""
@@ -302,7 +350,7 @@ class DaemonServer:
                     ErrorCode.MALFORMED, f"page record {i} fails its check: {verdict.value}"
                 )
 
-    def _deliver_writes(self) -> None:
+    def _deliver(self) -> None:
         while True:
             try:
                 self._wake_in.recv(zmq.NOBLOCK)
@@ -311,6 +359,16 @@ class DaemonServer:
         assert self._writer is not None
         for done in self._writer.take_done():
             self._finish_write(done)
+        self._deliver_reads()
+
+    def _deliver_reads(self) -> None:
+        assert self._readers is not None
+        for read in self._readers.take_done():
+            job = read.job
+            if read.failed:
+                self._metrics.read_failures.inc()
+            self._send(job.peer, read.reply, job.start, job.request.op, read.claimed)
+        self._metrics.queued_reads.set(self._readers.stats().queued)
 
     def _finish_write(self, done: WriteDone) -> None:
         pending = done.job.token
@@ -328,7 +386,15 @@ class DaemonServer:
             reply = DeleteReply(request.id, done.deleted)
         self._send(pending.identity, reply, pending.start, request.op)
 
-    def _send(self, identity: zmq.Frame, reply: Reply, start: float, op: Op | None) -> None:
+    def _send(
+        self,
+        identity: zmq.Frame | bytes,
+        reply: Reply,
+        start: float,
+        op: Op | None,
+        claimed: int = 0,
+    ) -> None:
+        """Send ``reply``; a GET reply's ``claimed`` budget is held until ZeroMQ releases it."""
         frames = encode_reply(reply)
         if isinstance(reply, ErrorReply):
             self._metrics.errors.labels(code=reply.code.value).inc()
@@ -337,19 +403,23 @@ class DaemonServer:
             self._metrics.latency.labels(op=op.value).observe(time.perf_counter() - start)
         nbytes = sum(len(frame) for frame in frames)
         self._metrics.sent.inc(nbytes)
+        peer = identity if isinstance(identity, bytes) else identity.bytes
         track = isinstance(reply, GetReply) and bool(reply.pages)
         try:
             # A received frame cannot be re-sent tracked: the identity goes as bytes.
-            peer = identity.bytes if track else identity
-            tracker = self._router.send_multipart([peer, *frames], copy=False, track=track)
+            tracker = self._router.send_multipart(
+                [peer if track else identity, *frames], copy=False, track=track
+            )
         except zmq.ZMQError as exc:
             logger.debug("reply not sent: %s", exc)
-            return
+            tracker = None
         except Exception:  # a bug must not end the loop (the client then times out)
             logger.exception("reply not sent")
-            return
+            tracker = None
         if tracker is not None:
-            self._replies.add(identity.bytes, tracker, nbytes)
+            self._replies.add(peer, tracker, claimed)
+        elif claimed:
+            self._replies.unclaim(peer, claimed)
 
     def close(self) -> bool:
         """Finish and answer queued writes, then close everything (idempotent; call it
@@ -359,8 +429,11 @@ class DaemonServer:
         self._closed = True
         logger.info("stopping: answering %d writes in flight", self._in_flight)
         finished = True
+        if self._readers is not None:  # reads not started are dropped unanswered
+            _, finished = self._readers.close(self._config.server.shutdown_timeout_s)
+            self._deliver_reads()
         if self._writer is not None:
-            finished = self._writer.close(self._config.server.shutdown_timeout_s)
+            finished = self._writer.close(self._config.server.shutdown_timeout_s) and finished
             for done in self._writer.take_done():
                 self._finish_write(done)
         self._wake_in.close(linger=0)
@@ -377,6 +450,18 @@ class DaemonServer:
             logger.error("writer did not finish within the shutdown timeout")
         self._context.term()
         return finished
+
+
+def _keep_hits(records: list[Frame | None], count: int) -> list[Frame | None]:
+    """``records`` with every hit after the first ``count`` turned into a miss."""
+    kept: list[Frame | None] = []
+    for record in records:
+        if record is not None and count <= 0:
+            record = None
+        elif record is not None:
+            count -= 1
+        kept.append(record)
+    return kept
 
 
 def _quotas(config: DaemonConfig) -> dict[str, int]:

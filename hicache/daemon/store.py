@@ -149,6 +149,16 @@ class DaemonStore:
                 return count
         return len(keys)
 
+    def contains(self, keys: Sequence[bytes], tenant: str | None = None) -> list[bool]:
+        """Per (scoped) key, whether it is present. Mutates nothing."""
+        return self._guarded(tenant, lambda lmdb: self._contains(lmdb, keys))
+
+    def _contains(self, lmdb: LmdbBackend, keys: Sequence[bytes]) -> list[bool]:
+        cached = [key in self._memory for key in keys]
+        stored = lmdb.contains([key for key, hit in zip(keys, cached, strict=True) if not hit])
+        answers = iter(stored)
+        return [hit or next(answers) for hit in cached]
+
     def get(
         self,
         keys: Sequence[bytes],

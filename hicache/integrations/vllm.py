@@ -121,16 +121,9 @@ def vllm_namespace(offloading_spec: OffloadingSpec, chunk_bytes: int) -> Namespa
 
 
 def present_per_key(backend: StorageBackend, keys: Sequence[bytes]) -> list[bool]:
-    """Per-key presence from the protocol's prefix ``exists``: one call per run
-    of present keys plus one per absent key (vLLM's sliding-window lookups ask
-    about keys past a hole)."""
-    present = [False] * len(keys)
-    start = 0
-    while start < len(keys):
-        count = backend.exists(keys[start:])
-        present[start : start + count] = [True] * count
-        start += count + 1
-    return present
+    """Per-key presence in one ``contains`` call (vLLM's sliding-window lookups ask
+    about keys past a hole; the prefix ``exists`` would cost a call per hole)."""
+    return list(backend.contains(keys))
 
 
 class _StoreLookup(AsyncLookupManager):

@@ -19,7 +19,6 @@ import itertools
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -41,13 +40,13 @@ from storage_backends.errors import StorageClosedError, StoreDamagedError
 from storage_backends.lmdb_check import check_store
 from storage_backends.log_limit import LogLimiter
 from storage_backends.page_format import HEADER_BYTES, Verdict, build_header
+from storage_backends.recency import FLUSH_AT, PendingTouches
 from storage_backends.store_dir import prepare_store_dir, quarantine_store
 
 logger = logging.getLogger(__name__)
 
 # Recency updates from gets ride on the next put's transaction, or get one of
 # their own once this many have piled up.
-_TOUCH_FLUSH = 4096
 # The index's structural check reads every B-tree page of the index (~170 bytes a
 # page of data): seconds for millions of pages. Its time limit grows with the index,
 # read at a pace any disk keeps, so that running out of time means a check that is
@@ -116,8 +115,7 @@ class DiskBackend:
         self._segments = SegmentFiles(self._root, file_bytes, config.direct_io)
         self._pool = IoPool(config.io_threads)
         self._write_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._touched: OrderedDict[bytes, None] = OrderedDict()
+        self._touches = PendingTouches()
         self._closed = False
         self._pid = os.getpid()
         self._batches = itertools.count()
@@ -183,6 +181,11 @@ class DiskBackend:
         self._check_open()
         check_keys(keys)
         return self._index.count_leading(keys)
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_open()
+        check_keys(keys)
+        return self._index.contains(keys)
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
@@ -258,26 +261,15 @@ class DiskBackend:
         """Queue recency updates; flush them now only if many are pending and no write runs."""
         if not keys:
             return
-        with self._lock:
-            for key in keys:
-                self._touched[key] = None
-                self._touched.move_to_end(key)
-            pending = len(self._touched)
-        if pending >= _TOUCH_FLUSH and self._write_lock.acquire(blocking=False):
+        if self._touches.add(keys) >= FLUSH_AT and self._write_lock.acquire(blocking=False):
             try:
                 with self._index.writing() as writer:
-                    for key in self._take_touched():
+                    for key in self._touches.take():
                         writer.touch(key)
             except lmdb.Error:
                 logger.exception("dropped recency updates")
             finally:
                 self._write_lock.release()
-
-    def _take_touched(self) -> list[bytes]:
-        with self._lock:
-            keys = list(self._touched)
-            self._touched.clear()
-        return keys
 
     # -- writes --------------------------------------------------------------------------
 
@@ -310,7 +302,7 @@ class DiskBackend:
         owner = Owner(self._pid, next(self._batches))
         try:
             with self._index.writing() as writer:
-                for key in self._take_touched():
+                for key in self._touches.take():
                     writer.touch(key)
                 new = self._new_pages(writer, keys, views, results)
                 kept, given_up = self._fitting(new)
@@ -491,7 +483,7 @@ class DiskBackend:
         try:
             if clean:
                 with self._index.writing() as writer:
-                    for key in self._take_touched():
+                    for key in self._touches.take():
                         writer.touch(key)
                 self._index.sync()
         except (lmdb.Error, StoreDamagedError):

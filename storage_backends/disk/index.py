@@ -372,6 +372,11 @@ class DiskIndex:
                     return count
         return len(keys)
 
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        """Per key, whether the index holds an entry (one read transaction)."""
+        with self.reading() as txn:
+            return [txn.get(key, db=self.dbs.pages) is not None for key in keys]
+
     def size(self) -> tuple[int, int]:
         """(pages, bytes used)."""
         with self.reading() as txn:

@@ -7,28 +7,18 @@ from collections.abc import Sequence
 
 import xxhash
 
-from storage_backends.page_format import (
-    FORMAT_VERSION,
-    HEADER_BYTES,
-    MAGIC,
-    Verdict,
-    parse_header,
-)
+from storage_backends.page_format import HEADER_BYTES, Verdict, check_header, parse_header
 
 
 def check_read(header: bytearray, key: bytes, got: int, runs: Sequence[memoryview]) -> Verdict:
     """Verdict on a record of which ``got`` bytes (header + runs) were read."""
-    parsed = parse_header(memoryview(header))
-    if parsed is None or got < HEADER_BYTES:
-        return Verdict.TRUNCATED
-    if parsed.magic != MAGIC:
-        return Verdict.BAD_MAGIC
-    if parsed.version != FORMAT_VERSION:
-        return Verdict.BAD_VERSION
-    if parsed.key != key:
-        return Verdict.WRONG_KEY
-    if parsed.payload_len != got - HEADER_BYTES or parsed.payload_len != sum(map(len, runs)):
-        return Verdict.BAD_LENGTH
+    view = memoryview(header)
+    verdict = check_header(view, key, got - HEADER_BYTES, None)
+    if verdict is Verdict.OK and got - HEADER_BYTES != sum(map(len, runs)):
+        verdict = Verdict.BAD_LENGTH  # a short read whose header agrees with it
+    parsed = parse_header(view)
+    if verdict is not Verdict.OK or parsed is None:
+        return verdict
     if len(runs) == 1:
         digest = xxhash.xxh3_64_intdigest(runs[0])
     else:

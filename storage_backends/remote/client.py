@@ -31,6 +31,7 @@ from storage_backends.page_format import HEADER_BYTES, Verdict
 from storage_backends.record_arena import RecordArena
 from storage_backends.remote.channel import Channel, CurveKeys
 from storage_backends.remote.protocol import (
+    ContainsReply,
     DeleteReply,
     ErrorCode,
     ErrorReply,
@@ -172,6 +173,19 @@ class RemoteBackend:
             if reply.count < part.stop - part.start:
                 break
         return count
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_open()
+        check_keys(keys)
+        parts = chunks([0] * len(keys))
+        requests = [Request(Op.CONTAINS, 0, tuple(keys[c.start : c.stop])) for c in parts]
+        present = [False] * len(keys)
+        for part, reply in zip(
+            parts, self._call(Op.CONTAINS, requests, ContainsReply), strict=True
+        ):
+            if reply is not None and len(reply.present) == part.stop - part.start:
+                present[part.start : part.stop] = reply.present
+        return present
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()

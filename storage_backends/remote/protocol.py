@@ -33,9 +33,10 @@ class Op(enum.StrEnum):
     PUT = "PUT"
     DELETE = "DELETE"
     STATS = "STATS"
+    CONTAINS = "CONTAINS"
 
 
-KEYED_OPS = frozenset({Op.EXISTS, Op.GET, Op.PUT, Op.DELETE})
+KEYED_OPS = frozenset({Op.EXISTS, Op.CONTAINS, Op.GET, Op.PUT, Op.DELETE})
 
 
 class ErrorCode(enum.StrEnum):
@@ -113,6 +114,14 @@ class ExistsReply:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainsReply:
+    """``present`` holds one entry per requested key, in order."""
+
+    id: int
+    present: tuple[bool, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class GetReply:
     """``pages`` holds one record per True entry of ``found``, in order."""
 
@@ -146,7 +155,16 @@ class ErrorReply:
     message: str
 
 
-Reply = PingReply | ExistsReply | GetReply | PutReply | DeleteReply | StatsReply | ErrorReply
+Reply = (
+    PingReply
+    | ExistsReply
+    | ContainsReply
+    | GetReply
+    | PutReply
+    | DeleteReply
+    | StatsReply
+    | ErrorReply
+)
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -294,6 +312,8 @@ def encode_reply(reply: Reply) -> list[Frame]:
         header.update(pong=True, server=reply.server)
     elif isinstance(reply, ExistsReply):
         header["count"] = reply.count
+    elif isinstance(reply, ContainsReply):
+        header["present"] = list(reply.present)
     elif isinstance(reply, GetReply):
         if sum(reply.found) != len(reply.pages):
             raise ValueError(f"{sum(reply.found)} keys found but {len(reply.pages)} pages")
@@ -372,6 +392,8 @@ def _success_reply(
         return PingReply(request_id, server)
     if op is Op.EXISTS:
         return ExistsReply(request_id, _int_field(header, "count"))
+    if op is Op.CONTAINS:
+        return ContainsReply(request_id, _bools(header, "present"))
     if op is Op.GET:
         found = _bools(header, "found")
         if sum(found) != len(pages):

@@ -44,8 +44,12 @@ def test_daemon_bench_reports_every_op_size_and_client_count(tmp_path: Path) -> 
     out = tmp_path / "daemon.json"
     argv = ["bench", "daemon", "--clients", "1,2", "--mib", "2", "--repeat", "1"]
     assert main([*argv, "--exists-calls", "5", "--json", str(out)]) == 0  # 1: pages lost
-    rows = json.loads(out.read_text())
+    report = json.loads(out.read_text())
+    rows = report["cells"]
     assert all(set(row) == ROW_KEYS for row in rows)
+    probes = {(r["probe"], r["load"]) for r in report["fairness"]}
+    assert probes == {(p, load) for p in ("GET 1 page", "PING") for load in ("quiet", "bulk GETs")}
+    assert all(0 < r["p50_us"] <= r["p99_us"] for r in report["fairness"])
     cells = {(r["op"], r["clients"], r["page_bytes"]) for r in rows}
     sizes = {64 << 10, 256 << 10, 2 << 20}
     assert cells == {(op, c, s) for op in ("PUT", "GET", "EXISTS") for c in (1, 2) for s in sizes}

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from hicache.daemon.peers import idle_ms
 from storage_backends.remote.protocol import Op, PingReply
 from tests.polling import wait_until
 
@@ -73,6 +74,33 @@ def test_peers_over_the_bound_are_refused(start_daemon, connect, tmp_path) -> No
     assert wait_until(lambda: daemon.stat(clients[0], PEERS) == MAX_PEERS, 10 * HANDSHAKE_S)
     address = urlsplit(daemon.endpoint)
     with socket.create_connection((address.hostname, address.port)) as over:
-        assert daemon.wait_log("refused a connection")
+        # The newcomer, not an engine that talked a moment ago (none was silent long enough).
+        assert daemon.wait_log("refused a connection, a new connection")
         assert _closed_by_peer(over, 10 * HANDSHAKE_S)
     assert isinstance(clients[-1].call(Op.PING), PingReply)  # those inside keep their answers
+
+
+def test_a_new_engine_is_answered_at_once_when_idle_peers_fill_the_slots(
+    start_daemon, connect, tmp_path
+) -> None:
+    # Heartbeats keep a live engine's connection fresher than 2 intervals; the silent ones
+    # (never handshaken, so never heartbeaten) are not timed out here.
+    extra = "max_peers = 4\nhandshake_timeout_s = 60.0\nheartbeat_s = 0.25\n"
+    daemon = start_daemon(daemon_toml(tmp_path / "store", extra))
+    address = urlsplit(daemon.endpoint)
+    idle = [socket.create_connection((address.hostname, address.port)) for _ in range(3)]
+    try:
+        engine = connect(daemon.endpoint)  # after the idle ones, and it talks
+        assert isinstance(engine.call(Op.PING), PingReply)
+        assert wait_until(lambda: daemon.stat(engine, PEERS) == 4, 30.0)
+        # Silent for longer than two heartbeat intervals: idle enough to make room.
+        assert wait_until(lambda: all((idle_ms(s.fileno()) or 0) > 600 for s in idle), 30.0)
+        newcomer = connect(daemon.endpoint)
+        # One try: the slot of the idlest connection is given to the newcomer.
+        assert isinstance(newcomer.call(Op.PING), PingReply)
+        assert isinstance(engine.call(Op.PING), PingReply)  # the talking engine stays
+        assert _closed_by_peer(idle[0], 10.0)  # the oldest of the silent ones made room
+    finally:
+        for sock in idle:
+            sock.close()
+    assert daemon.wait_log("refused a connection, the idlest connection")

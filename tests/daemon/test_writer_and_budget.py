@@ -8,7 +8,8 @@ follows each batch; ``close`` finishes every submitted job first.
 
 ReplyBudget: ``room`` is the least of the peer's and the total's room; a reply leaves
 the count once ZeroMQ released it (replies to a peer leave in order); a reply already
-released when added is never counted.
+released when added is never counted; a reader claims bytes before its reply exists and
+gives back what it does not send.
 """
 
 from __future__ import annotations
@@ -173,8 +174,16 @@ class BudgetModel(RuleBasedStateMachine):
         while queue and queue[0][0].done:
             queue.pop(0)
 
+    def _room(self, peer: bytes) -> int:
+        return min(self.PER_PEER - self._counted(peer), self.TOTAL - self._counted())
+
     @rule(peer=PEERS, nbytes=st.integers(0, 600), released=st.booleans())
     def add(self, peer: bytes, nbytes: int, released: bool) -> None:
+        self._forget(peer)  # a claim first forgets the peer's released front
+        fits = nbytes <= self._room(peer)
+        assert self.budget.claim(peer, [nbytes]) == int(fits)  # a reader claims, then sends
+        if not fits:
+            return
         tracker = FakeTracker()
         tracker.done = released and all(t.done for t, _ in self.queues.get(peer, []))
         self.budget.add(peer, tracker, nbytes)  # type: ignore[arg-type]
@@ -190,8 +199,15 @@ class BudgetModel(RuleBasedStateMachine):
     @rule(peer=PEERS)
     def room(self, peer: bytes) -> None:
         self._forget(peer)
-        want = min(self.PER_PEER - self._counted(peer), self.TOTAL - self._counted())
-        assert self.budget.room(peer) == want
+        assert self.budget.room(peer) == self._room(peer)
+
+    @rule(peer=PEERS, nbytes=st.integers(0, 600))
+    def claim_and_give_back(self, peer: bytes, nbytes: int) -> None:
+        """A reply sent without its pages (a miss, an error) gives its claim back."""
+        self._forget(peer)
+        claimed = nbytes * self.budget.claim(peer, [nbytes])
+        assert self.budget.queued_bytes == self._counted() + claimed
+        self.budget.unclaim(peer, claimed)
 
     @rule()
     def sweep(self) -> None:
@@ -211,6 +227,7 @@ test_reply_budget_counts_what_zeromq_still_holds = BudgetModel.TestCase
 @pytest.mark.parametrize("per_peer,total,want", [(100, 1000, 40), (1000, 100, 40)])
 def test_room_is_the_tighter_bound(per_peer: int, total: int, want: int) -> None:
     budget = ReplyBudget(per_peer, total)
+    assert budget.claim(b"p", [60]) == 1
     budget.add(b"p", FakeTracker(), 60)  # type: ignore[arg-type]
     assert budget.room(b"p") == want
 
@@ -218,6 +235,7 @@ def test_room_is_the_tighter_bound(per_peer: int, total: int, want: int) -> None
 def test_a_released_reply_gives_its_room_back_while_later_ones_wait() -> None:
     budget = ReplyBudget(1000, 10_000)
     first, second = FakeTracker(), FakeTracker()
+    assert budget.claim(b"p", [300, 200]) == 2
     budget.add(b"p", first, 300)  # type: ignore[arg-type]
     budget.add(b"p", second, 200)  # type: ignore[arg-type]
     assert budget.room(b"p") == 500

@@ -56,6 +56,7 @@ def test_round_trip_exists_put_once_delete(store: StorageBackend, pages: Pages) 
     assert store.put(keys[:4], pages.payloads(range(4), SIZE)) == [True] * 4
     assert store.put(keys[:2] + keys[:1], pages.payloads([7, 8, 9], SIZE)) == [True] * 3
     assert store.exists(keys) == 4
+    assert store.contains([keys[5], *keys[:4]]) == [False] + [True] * 4
     dst = pages.buffers(6, SIZE)
     assert store.get(keys, dst) == [True] * 4 + [False] * 2
     assert [bytes(d) for d in dst[:4]] == [pages.payload(i, SIZE) for i in range(4)]

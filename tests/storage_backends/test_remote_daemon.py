@@ -72,9 +72,13 @@ def test_round_trip_and_batches_over_request_caps(daemons: Callable[..., ServerP
         assert backend.put(keys, [memoryview(payload(i)) for i in ids]) == [True] * 300
         assert backend.exists(keys) == 300
         assert backend.exists([*keys[:5], key(10_000), *keys[5:]]) == 5
+        absent = [key(10_000 + i) for i in range(1100)]  # over one request's keys: 2 requests
+        gappy = [*keys[:5], *absent, *keys[5:]]
+        assert backend.contains(gappy) == [True] * 5 + [False] * 1100 + [True] * 295
         assert read_back(backend, ids) == [payload(i) for i in ids]
         assert backend.delete(keys[:10]) == 10
         assert backend.exists(keys) == 0
+        assert backend.contains(keys[9:12]) == [False, True, True]
         assert read_back(backend, [0, 11]) == [None, payload(11)]
         # A wrong-sized destination is a miss, never a partial copy.
         dst = [memoryview(bytearray(b"\x01" * (PAGE // 2)))]
@@ -202,10 +206,12 @@ def test_curve_keys_round_trip_and_an_unknown_key_gets_nothing(
         assert allowed.put([key(5)], [memoryview(payload(5))]) == [True]
         assert read_back(allowed, [5]) == [payload(5)]
         assert denied.exists([key(5)]) == 0
+        assert allowed.contains([key(5), key(6)]) == [True, False]
         assert read_back(denied, [5]) == [None]
         assert denied.put([key(6)], [memoryview(payload(6))]) == [False]
         assert allowed.exists([key(6)]) == 0
         assert denied.link_stats().timeouts + denied.link_stats().fast_fails == 3
+        assert denied.contains([key(5)]) == [False]  # another tenant's page is not seen
     finally:
         allowed.close()
         denied.close()

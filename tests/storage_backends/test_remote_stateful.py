@@ -64,6 +64,10 @@ class RemoteModel(RuleBasedStateMachine):
         assert self.backend.exists([self.key(i) for i in ids]) == want
 
     @rule(ids=IDS)
+    def contains(self, ids: list[int]) -> None:
+        assert self.backend.contains([self.key(i) for i in ids]) == [i in self.model for i in ids]
+
+    @rule(ids=IDS)
     def delete(self, ids: list[int]) -> None:
         present = {i for i in ids if i in self.model}
         assert self.backend.delete([self.key(i) for i in ids]) == len(present)

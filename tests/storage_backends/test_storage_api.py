@@ -54,6 +54,17 @@ def test_exists_counts_leading_hits(backend: StorageBackend, pages: Pages) -> No
     assert backend.exists([]) == 0
 
 
+def test_contains_answers_every_key_past_a_gap(backend: StorageBackend, pages: Pages) -> None:
+    keys = pages.keys(range(5))
+    backend.put([keys[0], keys[1], keys[3]], pages.payloads([0, 1, 3], 1024))
+    assert backend.contains(keys) == [True, True, False, True, False]
+    assert backend.contains([keys[3], keys[3], keys[2]]) == [True, True, False]
+    assert backend.contains([]) == []
+    assert backend.delete(keys[1:2]) == 1
+    assert backend.contains(keys) == [True, False, False, True, False]
+    assert backend.stats().hits == 0  # a membership answer is not a read
+
+
 def test_put_skips_existing_keys(backend: StorageBackend, pages: Pages) -> None:
     key = pages.key(0)
     assert backend.put([key], pages.payloads([0], 4096)) == [True]
@@ -128,6 +139,7 @@ def test_close_is_idempotent_and_later_calls_raise(backend: StorageBackend, page
     keys = pages.keys(range(1))
     calls = [
         lambda: backend.exists(keys),
+        lambda: backend.contains(keys),
         lambda: backend.get(keys, pages.buffers(1, 8)),
         lambda: backend.put(keys, pages.payloads([0], 8)),
         lambda: backend.delete(keys),
@@ -141,6 +153,8 @@ def test_close_is_idempotent_and_later_calls_raise(backend: StorageBackend, page
 def test_malformed_arguments_raise_value_error(backend: StorageBackend, pages: Pages) -> None:
     with pytest.raises(ValueError, match="32-byte"):
         backend.exists([b"short"])
+    with pytest.raises(ValueError, match="32-byte"):
+        backend.contains([b"short"])
     with pytest.raises(ValueError, match="buffers"):
         backend.put(pages.keys(range(2)), pages.payloads([0], 8))
     with pytest.raises(ValueError, match="writable"):

@@ -1,0 +1,152 @@
+"""Reads off the socket thread: out-of-order replies, fairness between clients, and the
+reply budget given back when a client that never read disconnects.
+
+The daemon runs in this process so that a test can hold chosen reads at a gate
+(``DaemonStore.get`` wrapped): every assertion is on the order replies arrive in.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import msgpack
+import pytest
+import zmq
+
+from hicache.config.daemon import DaemonConfig
+from hicache.daemon.server import DaemonServer
+from hicache.daemon.store import DaemonStore, Lookup
+from storage_backends.remote.protocol import (
+    GetReply,
+    Op,
+    Request,
+    encode_request,
+)
+
+from .conftest import REPLY_TIMEOUT_S, Client, page_key, page_record
+
+QUEUED = "hicache_daemon_queued_reply_bytes"
+
+
+class Gated(NamedTuple):
+    endpoint: str
+    gated: set[bytes]  # client keys whose GETs wait for ``gate``
+    gate: threading.Event
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gated]:
+    gate, gated = threading.Event(), set[bytes]()
+    original: Callable[..., Lookup] = DaemonStore.get
+
+    def get(
+        self: DaemonStore, keys: Sequence[bytes], client_keys: Sequence[bytes], *args: object
+    ) -> Lookup:
+        if gated.intersection(client_keys):
+            assert gate.wait(2 * REPLY_TIMEOUT_S)
+        return original(self, keys, client_keys, *args)
+
+    monkeypatch.setattr(DaemonStore, "get", get)
+    config = DaemonConfig().with_overrides(
+        server={"endpoint": "tcp://127.0.0.1:0", "readers": 2},
+        store={"path": str(tmp_path / "store"), "max_bytes": 64 << 20, "sync": False},
+    )
+    server = DaemonServer(config)
+    bound = server.start()
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    yield Gated(bound.endpoint, gated, gate)
+    gate.set()
+    server.stop()
+    thread.join(30)
+
+
+@pytest.fixture
+def clients(daemon: Gated) -> Iterator[Callable[[], Client]]:
+    made: list[Client] = []
+
+    def make() -> Client:
+        made.append(Client(daemon.endpoint))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def send(client: Client, op: Op, request_id: int, keys: Sequence[bytes] = ()) -> None:
+    client.sock.send_multipart(encode_request(Request(op, request_id, tuple(keys))))
+
+
+def reply_id(client: Client) -> int:
+    """The id of the next reply (whatever its op), after checking it is not an error."""
+    frames = client.recv()
+    assert frames is not None, "no reply in time"
+    header = msgpack.unpackb(frames[0])
+    assert header["ok"] is True, header
+    return int(header["id"])
+
+
+def test_a_clients_later_requests_are_answered_before_a_slow_read(daemon, clients) -> None:
+    client = clients()
+    slow, other = page_key(0), page_key(1)
+    assert client.put([slow, other], [page_record(slow, 0), page_record(other, 1)])
+    daemon.gated.add(slow)
+    send(client, Op.GET, 101, [slow])
+    send(client, Op.PING, 102)
+    send(client, Op.STATS, 103)
+    assert {reply_id(client), reply_id(client)} == {102, 103}  # the GET is still held
+    daemon.gate.set()
+    assert reply_id(client) == 101
+
+
+def test_a_small_read_is_answered_while_another_clients_bulk_reads_wait(daemon, clients) -> None:
+    bulk, small = clients(), clients()
+    keys = [page_key(i) for i in range(9)]
+    records = [page_record(key, i, size=64 << 10) for i, key in enumerate(keys)]
+    assert bulk.put(keys, records) == (True,) * 9
+    daemon.gated.update(keys[:8])
+    for i in range(4):  # more bulk reads than reader threads
+        send(bulk, Op.GET, 200 + i, keys[2 * i : 2 * i + 2])
+    assert small.get([keys[8]]) == [records[8]]
+    assert bulk.sock.poll(0) == 0  # no bulk read has been answered yet
+    daemon.gate.set()
+    assert [reply_id(bulk) for _ in range(4)] == [200, 201, 202, 203]  # one client: in order
+
+
+def test_replies_a_client_never_read_are_released_when_it_disconnects(daemon, clients) -> None:
+    other = clients()
+    keys = [page_key(i, "big-") for i in range(4)]
+    records = [page_record(key, i, size=1 << 20) for i, key in enumerate(keys)]
+    assert other.put(keys, records) == (True,) * 4
+    greedy = zmq.Context.instance().socket(zmq.DEALER)
+    greedy.setsockopt(zmq.RCVHWM, 1)
+    greedy.setsockopt(zmq.RCVBUF, 65536)
+    greedy.setsockopt(zmq.LINGER, 0)
+    greedy.connect(daemon.endpoint)
+    try:
+        before = _stat(other, 'hicache_daemon_requests_total{op="GET"}')
+        for i in range(24):  # 96 MiB of replies, far beyond what the kernel buffers take
+            greedy.send_multipart(encode_request(Request(Op.GET, i + 1, tuple(keys))))
+        _wait(lambda: _stat(other, 'hicache_daemon_requests_total{op="GET"}') >= before + 24)
+        assert _stat(other, QUEUED) > 0
+    finally:
+        greedy.close(linger=0)
+    _wait(lambda: _stat(other, QUEUED) == 0)
+    assert other.get(keys[:1]) == records[:1]
+
+
+def _stat(client: Client, name: str) -> float:
+    reply = client.call(Op.STATS)
+    assert reply is not None and not isinstance(reply, GetReply)
+    return reply.stats[name]  # type: ignore[union-attr]
+
+
+def _wait(done: Callable[[], bool], timeout_s: float = REPLY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "condition not reached in time"
