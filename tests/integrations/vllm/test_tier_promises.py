@@ -7,7 +7,8 @@
 - a load that misses some chunks reports the ones that loaded, leaves the others'
   primary bytes alone, and counts each failed chunk once in ``get_stats``;
 - a job whose chunk ids fall outside the primary tier is a failed ``JobResult``,
-  never an exception into vLLM nor bytes written elsewhere.
+  never an exception into vLLM nor bytes written elsewhere;
+- with KV events on (ours and vLLM's), a stored chunk is announced, a failed store not.
 """
 
 from __future__ import annotations
@@ -144,3 +145,21 @@ def test_chunk_ids_outside_the_primary_tier_fail_the_job_and_touch_nothing(tmp_p
         assert primary.chunk(3) == payload(0)
     finally:
         tier.shutdown()
+
+
+def test_only_stored_chunks_are_announced_and_only_with_vllms_events_on(tmp_path: Path) -> None:
+    primary = PrimaryBuffer(8, CHUNK)
+    for events_on in (True, False):
+        spec = cpu_offloading_spec(CHUNK, 8, kv_events=events_on)
+        config = {**lmdb_tier(tmp_path / f"db-{events_on}"), "enable_kv_events": True}
+        tier = create_tier(config, primary, spec)
+        assert isinstance(tier, HicacheTier)
+        driver = TierDriver(tier)
+        try:
+            primary.fill(0, payload(0))
+            assert not driver.jobs([([key(1)], [9])], False)[0].success
+            assert driver.jobs([([key(0)], [0])], False)[0].success
+            stored = [k for e in tier.take_events() if not e.removed for k in e.keys]
+            assert stored == ([key(0)] if events_on else [])
+        finally:
+            tier.shutdown()
