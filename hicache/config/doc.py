@@ -74,7 +74,7 @@ MEANINGS: dict[str, str] = {
         "`remote`: BUSY/INTERNAL replies in a row before calls fail fast "
         "(a timeout opens the breaker at once)"
     ),
-    "storage.breaker_cooldown_s": "`remote`: fail-fast period (doubles up to 8× while down)",
+    "storage.breaker_cooldown_s": "`remote`: fail-fast period; then one PING probes the daemon",
     "storage.io_threads": "`disk`: threads reading/writing one batch's pages (bytes in flight)",
     "storage.segment_bytes": "`disk`: size of one segment file (fixed when the store is created)",
     "storage.direct_io": "`disk`: O_DIRECT, bypassing the page cache (refused where unsupported)",
