@@ -46,6 +46,7 @@ from storage_backends.store_dir import (
     prepare_store_dir,
     quarantine_store,
     reconcile_meta,
+    stored_fingerprint,
 )
 
 logger = logging.getLogger(__name__)
@@ -206,17 +207,6 @@ def _open_env(path: Path, config: StorageConfig) -> lmdb.Environment:
         raise StorageOpenError(f"storage.path {path}: cannot open LMDB store: {exc}") from exc
 
 
-def _fingerprint(raw: bytes | None) -> str:
-    """The stored fingerprint; StoreDamagedError if it is not the printable text written."""
-    try:
-        text = bytes(raw or b"").decode("ascii")
-    except UnicodeDecodeError:
-        text = "\n"
-    if not text.isprintable():
-        raise StoreDamagedError(f"the meta table's fingerprint is damaged: {raw!r:.80}")
-    return text
-
-
 class LmdbBackend:
     """Pages in LMDB with LRU eviction at ``max_bytes``; see the module docstring for layout.
 
@@ -360,7 +350,10 @@ class LmdbBackend:
             if version is not None and len(version) != 8:
                 raise StoreDamagedError(f"the meta table's format version is damaged: {version!r}")
             if version is not None:
-                stored = StoreMeta(_from_u64(version), _fingerprint(txn.get(_META_FINGERPRINT)))
+                stored = StoreMeta(
+                    _from_u64(version),
+                    stored_fingerprint(txn.get(_META_FINGERPRINT), "the meta table"),
+                )
             meta = reconcile_meta(stored, self._config)
             txn.put(_META_VERSION, _u64(meta.format_version))
             txn.put(_META_FINGERPRINT, meta.fingerprint.encode())

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from storage_backends.config import StorageConfig
-from storage_backends.errors import FingerprintMismatchError, StorageOpenError
+from storage_backends.errors import FingerprintMismatchError, StorageOpenError, StoreDamagedError
 from storage_backends.page_format import FORMAT_VERSION
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,18 @@ def prepare_store_dir(config: StorageConfig) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise StorageOpenError(f"storage.path {path} is not writable")
     return path
+
+
+def stored_fingerprint(raw: bytes | None, where: str) -> str:
+    """The fingerprint as stored in ``where``; StoreDamagedError if it is not the
+    printable text written."""
+    try:
+        text = bytes(raw or b"").decode("ascii")
+    except UnicodeDecodeError:
+        text = "\n"
+    if not text.isprintable():
+        raise StoreDamagedError(f"{where}'s fingerprint is damaged: {raw!r:.80}")
+    return text
 
 
 def reconcile_meta(stored: StoreMeta | None, config: StorageConfig) -> StoreMeta:

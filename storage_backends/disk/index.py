@@ -30,7 +30,7 @@ from storage_backends.disk.layout import (
 )
 from storage_backends.errors import StorageOpenError, StoreDamagedError
 from storage_backends.page_format import HEADER_BYTES
-from storage_backends.store_dir import StoreMeta, reconcile_meta
+from storage_backends.store_dir import StoreMeta, reconcile_meta, stored_fingerprint
 
 META_VERSION = b"format_version"
 META_FINGERPRINT = b"fingerprint"
@@ -313,7 +313,9 @@ class DiskIndex:
                 raise StoreDamagedError(f"the index's format version is damaged: {version!r}")
             stored = None
             if version is not None:
-                stored = StoreMeta(from_u64(version), _fingerprint(txn.get(META_FINGERPRINT)))
+                stored = StoreMeta(
+                    from_u64(version), stored_fingerprint(txn.get(META_FINGERPRINT), "the index")
+                )
             meta = reconcile_meta(stored, self._config)
             txn.put(META_VERSION, u64(meta.format_version))
             txn.put(META_FINGERPRINT, meta.fingerprint.encode())
@@ -391,14 +393,3 @@ class DiskIndex:
 
     def close(self) -> None:
         self._env.close()
-
-
-def _fingerprint(raw: bytes | None) -> str:
-    """The stored fingerprint; StoreDamagedError if it is not the printable text written."""
-    try:
-        text = bytes(raw or b"").decode("ascii")
-    except UnicodeDecodeError:
-        text = "\n"
-    if not text.isprintable():
-        raise StoreDamagedError(f"the index's fingerprint is damaged: {raw!r:.80}")
-    return text
