@@ -25,8 +25,6 @@ from typing import NamedTuple
 
 import lmdb
 
-from storage_backends.lmdb_pages import walk_pages
-
 logger = logging.getLogger(__name__)
 
 _MAX_DBS = 16  # named databases a store may have (the backends use six at most)
@@ -128,6 +126,8 @@ def _check_meta(txn: lmdb.Transaction, db: lmdb._Database) -> str | None:
 
 def _walk_file(data: str) -> str | None:
     """The page-level check (``lmdb_pages``) on the file's bytes, before LMDB maps it."""
+    from storage_backends.lmdb_pages import walk_pages  # numpy: loaded in the child only
+
     with open(data, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:  # LMDB initialises an empty file
             return None
