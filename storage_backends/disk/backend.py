@@ -5,11 +5,7 @@ pages for room), writes the records with one ``pwritev`` per run of adjacent slo
 (``runs``) on the I/O pool, then
 commits the batch's index entries in a second, small transaction: a crash in
 between leaves reserved slots that no key points at (reclaimed once their
-process is gone), never a key pointing at half a page. A get looks the batch
-up in one read transaction, reads each record with ``preadv`` straight into the
-caller's buffers and checks the header's key and the xxh3 checksum; a mismatch
-(a slot reused by another process meanwhile, a torn or damaged record) is a
-miss, and the key is dropped once a second read confirms the damage.
+process is gone), never a key pointing at half a page. Gets are ``reads``'s.
 """
 
 from __future__ import annotations
@@ -26,21 +22,21 @@ from typing import NamedTuple
 import lmdb
 
 from storage_backends.base import StorageStats
-from storage_backends.batch import byte_view, check_batch, check_keys
+from storage_backends.batch import check_batch, check_keys
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.disk.index import DiskIndex, IndexWriter, Owner, Reserved
 from storage_backends.disk.io_pool import IoPool
-from storage_backends.disk.layout import INDEX_DIR, Location, Slot, SlotClass, slot_class
+from storage_backends.disk.layout import INDEX_DIR, Slot, SlotClass, slot_class
 from storage_backends.disk.owners import Ownership
-from storage_backends.disk.records import check_read
+from storage_backends.disk.reads import DiskReads, ReadContext
 from storage_backends.disk.runs import Extent, Run, gap, plan_runs
 from storage_backends.disk.segments import SegmentFiles, check_direct_io
 from storage_backends.errors import StorageClosedError, StoreDamagedError
 from storage_backends.lmdb_check import check_store
 from storage_backends.log_limit import LogLimiter
-from storage_backends.page_format import HEADER_BYTES, Verdict, build_header
-from storage_backends.recency import FLUSH_AT, PendingTouches
+from storage_backends.page_format import HEADER_BYTES, build_header
+from storage_backends.recency import PendingTouches
 from storage_backends.store_dir import prepare_store_dir, quarantine_store
 
 logger = logging.getLogger(__name__)
@@ -88,11 +84,6 @@ class _Plan(NamedTuple):
     owner: Owner
 
 
-class _Read(NamedTuple):
-    pos: int
-    location: Location
-
-
 class DiskBackend:
     """The ``disk`` backend (see the module docstring and DESIGN §11).
 
@@ -120,6 +111,18 @@ class DiskBackend:
         self._pid = os.getpid()
         self._batches = itertools.count()
         self.fault_hook: Callable[[PutPhase], None] | None = None
+        self._reads = DiskReads(
+            ReadContext(
+                self._root,
+                self._index,
+                self._segments,
+                self._pool,
+                self._counters,
+                self._log,
+                self._touches,
+                self._write_lock,
+            )
+        )
 
     # -- opening -------------------------------------------------------------------------
 
@@ -189,87 +192,13 @@ class DiskBackend:
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
-        views = check_batch(keys, dst, writable=True)
-        return self._read(keys, [[view] for view in views])
+        return self._reads.get(keys, dst)
 
     def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
         """Read each key's payload into the runs ``dst[i]``, in order (their lengths must
         add up to the stored payload length, else a miss). As ``get`` otherwise."""
         self._check_open()
-        if len(keys) != len(dst):
-            raise ValueError(f"got {len(keys)} keys but {len(dst)} destinations")
-        check_keys(keys)
-        runs = [[byte_view(run, writable=True) for run in runs] for runs in dst]
-        return self._read(keys, runs)
-
-    def _read(self, keys: Sequence[bytes], runs: list[list[memoryview]]) -> list[bool]:
-        lookup = self._index.lookup(keys)
-        reads = [
-            _Read(i, loc)
-            for i, loc in enumerate(lookup.locations)
-            if loc is not None and loc.payload_len == sum(len(run) for run in runs[i])
-        ]
-        verdicts = self._pool.map(
-            lambda r: self._read_one(keys[r.pos], r.location, runs[r.pos]), reads
-        )
-        hits = [False] * len(keys)
-        damaged: list[tuple[bytes, Location | None]] = [(keys[i], None) for i in lookup.damaged]
-        for read, verdict in zip(reads, verdicts, strict=True):
-            hits[read.pos] = verdict is Verdict.OK
-            if verdict.corrupt:
-                damaged.append((keys[read.pos], read.location))
-        corrupt = self._drop_damaged(damaged) if damaged else 0
-        n_hits = sum(hits)
-        self._counters.record_get(n_hits, len(keys) - n_hits, corrupt)
-        self._touch([key for key, hit in zip(keys, hits, strict=True) if hit])
-        return hits
-
-    def _read_one(self, key: bytes, loc: Location, runs: Sequence[memoryview]) -> Verdict:
-        header = bytearray(HEADER_BYTES)
-        try:
-            got = self._segments.read(loc.segment, loc.offset, [header, *runs])
-        except OSError as exc:
-            self._log.failure("disk store read failed; reported as a damaged page", exc)
-            return Verdict.TRUNCATED
-        return check_read(header, key, got, runs)
-
-    def _drop_damaged(self, damaged: list[tuple[bytes, Location | None]]) -> int:
-        """Delete pages found damaged whose entry still points where they were read and
-        whose record fails a second read (a slot reused meanwhile is not damage)."""
-        try:
-            with self._write_lock, self._index.writing() as writer:
-                dropped = sum(self._drop_one(writer, key, loc) for key, loc in damaged)
-        except lmdb.Error:
-            logger.exception("could not delete %d damaged pages", len(damaged))
-            return 0
-        self._counters.note_removed(writer.removed)
-        if dropped:
-            logger.warning("deleted %d damaged pages from %s", dropped, self._root)
-        return dropped
-
-    def _drop_one(self, writer: IndexWriter, key: bytes, seen: Location | None) -> bool:
-        current = writer.location(key)
-        if seen is not None:
-            if current is None or current._replace(stamp=0) != seen._replace(stamp=0):
-                return False
-            scratch = memoryview(bytearray(seen.payload_len))
-            if self._read_one(key, seen, [scratch]) is Verdict.OK:
-                return False
-        return writer.remove(key)
-
-    def _touch(self, keys: list[bytes]) -> None:
-        """Queue recency updates; flush them now only if many are pending and no write runs."""
-        if not keys:
-            return
-        if self._touches.add(keys) >= FLUSH_AT and self._write_lock.acquire(blocking=False):
-            try:
-                with self._index.writing() as writer:
-                    for key in self._touches.take():
-                        writer.touch(key)
-            except lmdb.Error:
-                logger.exception("dropped recency updates")
-            finally:
-                self._write_lock.release()
+        return self._reads.get_scatter(keys, dst)
 
     # -- writes --------------------------------------------------------------------------
 

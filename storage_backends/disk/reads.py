@@ -1,0 +1,148 @@
+"""The disk backend's read path: a batch's index lookup, the record reads and checks,
+dropping pages found damaged and queueing recency touches.
+
+A get looks the batch up in one read transaction, reads each record with ``preadv``
+straight into the caller's buffers and checks the header's key and the xxh3
+checksum; a mismatch (a slot reused by another process meanwhile, a torn or damaged
+record) is a miss, and the key is dropped once a second read confirms the damage.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import lmdb
+
+from storage_backends.batch import byte_view, check_batch, check_keys
+from storage_backends.counters import StatCounters
+from storage_backends.disk.index import DiskIndex, IndexWriter
+from storage_backends.disk.io_pool import IoPool
+from storage_backends.disk.layout import Location
+from storage_backends.disk.records import check_read
+from storage_backends.disk.segments import SegmentFiles
+from storage_backends.log_limit import LogLimiter
+from storage_backends.page_format import HEADER_BYTES, Verdict
+from storage_backends.recency import FLUSH_AT, PendingTouches
+
+logger = logging.getLogger(__name__)
+
+
+class ReadContext(NamedTuple):
+    """What the read path shares with the rest of its DiskBackend."""
+
+    root: Path
+    index: DiskIndex
+    segments: SegmentFiles
+    pool: IoPool
+    counters: StatCounters
+    log: LogLimiter
+    touches: PendingTouches
+    write_lock: threading.Lock  # serialises this process's index write transactions
+
+
+class _Read(NamedTuple):
+    pos: int
+    location: Location
+
+
+class DiskReads:
+    """``get`` and ``get_scatter`` of one DiskBackend (which checks it is open first).
+
+    Thread-safe: reads share nothing but the index (LMDB read transactions), the
+    segment files (positional reads) and the thread-safe counters and touch queue;
+    index writes (dropping damaged pages, flushing touches) take ``write_lock``.
+    Mutates the caller's buffers (a damaged page's may be partly written), the
+    counters, the touch queue and, for damage, the index. Raises ValueError for
+    malformed arguments before any read.
+    """
+
+    def __init__(self, ctx: ReadContext) -> None:
+        self._ctx = ctx
+
+    def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
+        views = check_batch(keys, dst, writable=True)
+        return self._read(keys, [[view] for view in views])
+
+    def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
+        """Read each key's payload into the runs ``dst[i]``, in order (their lengths must
+        add up to the stored payload length, else a miss). As ``get`` otherwise."""
+        if len(keys) != len(dst):
+            raise ValueError(f"got {len(keys)} keys but {len(dst)} destinations")
+        check_keys(keys)
+        runs = [[byte_view(run, writable=True) for run in runs] for runs in dst]
+        return self._read(keys, runs)
+
+    def _read(self, keys: Sequence[bytes], runs: list[list[memoryview]]) -> list[bool]:
+        lookup = self._ctx.index.lookup(keys)
+        reads = [
+            _Read(i, loc)
+            for i, loc in enumerate(lookup.locations)
+            if loc is not None and loc.payload_len == sum(len(run) for run in runs[i])
+        ]
+        verdicts = self._ctx.pool.map(
+            lambda r: self._read_one(keys[r.pos], r.location, runs[r.pos]), reads
+        )
+        hits = [False] * len(keys)
+        damaged: list[tuple[bytes, Location | None]] = [(keys[i], None) for i in lookup.damaged]
+        for read, verdict in zip(reads, verdicts, strict=True):
+            hits[read.pos] = verdict is Verdict.OK
+            if verdict.corrupt:
+                damaged.append((keys[read.pos], read.location))
+        corrupt = self._drop_damaged(damaged) if damaged else 0
+        n_hits = sum(hits)
+        self._ctx.counters.record_get(n_hits, len(keys) - n_hits, corrupt)
+        self._touch([key for key, hit in zip(keys, hits, strict=True) if hit])
+        return hits
+
+    def _read_one(self, key: bytes, loc: Location, runs: Sequence[memoryview]) -> Verdict:
+        header = bytearray(HEADER_BYTES)
+        try:
+            got = self._ctx.segments.read(loc.segment, loc.offset, [header, *runs])
+        except OSError as exc:
+            self._ctx.log.failure("disk store read failed; reported as a damaged page", exc)
+            return Verdict.TRUNCATED
+        return check_read(header, key, got, runs)
+
+    def _drop_damaged(self, damaged: list[tuple[bytes, Location | None]]) -> int:
+        """Delete pages found damaged whose entry still points where they were read and
+        whose record fails a second read (a slot reused meanwhile is not damage)."""
+        ctx = self._ctx
+        try:
+            with ctx.write_lock, ctx.index.writing() as writer:
+                dropped = sum(self._drop_one(writer, key, loc) for key, loc in damaged)
+        except lmdb.Error:
+            logger.exception("could not delete %d damaged pages", len(damaged))
+            return 0
+        ctx.counters.note_removed(writer.removed)
+        if dropped:
+            logger.warning("deleted %d damaged pages from %s", dropped, ctx.root)
+        return dropped
+
+    def _drop_one(self, writer: IndexWriter, key: bytes, seen: Location | None) -> bool:
+        current = writer.location(key)
+        if seen is not None:
+            if current is None or current._replace(stamp=0) != seen._replace(stamp=0):
+                return False
+            scratch = memoryview(bytearray(seen.payload_len))
+            if self._read_one(key, seen, [scratch]) is Verdict.OK:
+                return False
+        return writer.remove(key)
+
+    def _touch(self, keys: list[bytes]) -> None:
+        """Queue recency updates; flush them now only if many are pending and no write runs."""
+        if not keys:
+            return
+        ctx = self._ctx
+        if ctx.touches.add(keys) >= FLUSH_AT and ctx.write_lock.acquire(blocking=False):
+            try:
+                with ctx.index.writing() as writer:
+                    for key in ctx.touches.take():
+                        writer.touch(key)
+            except lmdb.Error:
+                logger.exception("dropped recency updates")
+            finally:
+                ctx.write_lock.release()
