@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,7 +32,8 @@ from storage_backends.recency import FLUSH_AT, PendingTouches
 logger = logging.getLogger(__name__)
 
 
-class ReadContext(NamedTuple):
+@dataclass(frozen=True)
+class ReadContext:
     """What the read path shares with the rest of its DiskBackend."""
 
     root: Path
