@@ -4,9 +4,11 @@ Sub-databases (small values only): ``pages`` (key -> ``Location``), ``lru``
 (8-byte big-endian stamp -> key, so a cursor's first entry is the least recently
 used), ``meta`` (format version, fingerprint, bytes used: header + payload of every
 page, as the other backends count; segment tails),
-``free``/``free_class`` (the allocator's free slots) and ``pending`` (slots
-reserved by a put whose data is being written: owner (pid, batch) -> its slots; a
-crash leaves them there, and they are reclaimed once their process is gone).
+``free``/``free_class`` (the allocator's free slots) and ``pending`` (owner (pid,
+batch) -> slots reserved by a put of an earlier version of this store, which
+committed a reservation before writing; a crash left them there, and they are
+reclaimed once their process is gone. Puts now write inside their one
+transaction and leave nothing here).
 """
 
 from __future__ import annotations
@@ -90,11 +92,6 @@ class Reserved(NamedTuple):
 
 
 _RESERVED = struct.Struct(">IQIH")  # Slot.pack() + SlotClass.pack(), in one call a slot
-
-
-def _pack_reserved(reserved: Sequence[Reserved]) -> bytes:
-    pack = _RESERVED.pack
-    return b"".join([pack(*r.slot, *r.cls) for r in reserved])
 
 
 def _unpack_reserved(raw: bytes) -> list[Reserved]:
@@ -212,15 +209,6 @@ class IndexWriter:
             slots += self.alloc.take(cls, count - len(slots))
         self.reserved += record_bytes * len(slots) // count
         return slots
-
-    def pend(self, owner: Owner, reserved: Sequence[Reserved]) -> None:
-        """Record a batch's reserved slots until ``settle`` (a crash leaves them here)."""
-        if reserved:
-            self._txn.put(owner.pack(), _pack_reserved(reserved), db=self._dbs.pending)
-
-    def settle(self, owner: Owner) -> None:
-        """The batch's slots now hold pages or were released: no longer pending."""
-        self._txn.delete(owner.pack(), db=self._dbs.pending)
 
     def insert_new(self, pages: Sequence[NewPage]) -> list[bool]:
         """Index written pages, their recency entries in one call; False for a key that is
