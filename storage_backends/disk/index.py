@@ -18,18 +18,13 @@ import os
 import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import lmdb
 
 from storage_backends.config import StorageConfig
 from storage_backends.disk.allocator import Allocator, FreeDbs, from_u64, u64
-from storage_backends.disk.layout import (
-    PACK,
-    Location,
-    Slot,
-    SlotClass,
-)
+from storage_backends.disk.layout import PACK, Location, Slot, SlotClass, SlotRun
 from storage_backends.errors import StorageOpenError, StoreDamagedError
 from storage_backends.page_format import HEADER_BYTES
 from storage_backends.store_dir import StoreMeta, reconcile_meta, stored_fingerprint
@@ -45,6 +40,7 @@ _MAX_MAP = 1 << 46  # 64 TiB of address space (x86-64 user space is 128 TiB)
 # slot's two entries, and room for copy-on-write pages of a commit.
 INDEX_BYTES_PER_PAGE = 512
 _OWNER = struct.Struct(">IQ")
+_STAMP = struct.Struct(">Q")  # lru keys: big-endian, so a cursor walks them oldest first
 # LMDB errors that mean the index's structure (not one call) is broken.
 DAMAGE_ERRORS = (
     lmdb.CorruptedError,
@@ -117,19 +113,6 @@ class Owner(NamedTuple):
         return Owner(pid, batch)
 
 
-class NewPage(Protocol):
-    """A written page to index."""
-
-    @property
-    def key(self) -> bytes: ...
-    @property
-    def slot(self) -> Slot: ...
-    @property
-    def cls(self) -> SlotClass: ...
-    @property
-    def payload_len(self) -> int: ...
-
-
 class IndexWriter:
     """Pages, recency, slots and size bookkeeping inside one write transaction."""
 
@@ -155,6 +138,11 @@ class IndexWriter:
 
     def has(self, key: bytes) -> bool:
         return self._txn.get(key, db=self._dbs.pages) is not None
+
+    def present(self, keys: Sequence[bytes]) -> list[bool]:
+        """Per key, whether the index holds it."""
+        get, db = self._txn.get, self._dbs.pages
+        return [get(key, db=db) is not None for key in keys]
 
     def _stamp(self) -> int:
         stamp = self._next_stamp
@@ -198,34 +186,42 @@ class IndexWriter:
             cursor.delete()  # a stamp without a page: drop it so the loop advances
         return False
 
-    def reserve(self, cls: SlotClass, count: int, record_bytes: int) -> list[Slot]:
-        """Up to ``count`` slots of ``cls`` for records of ``record_bytes`` in all, evicting
-        least recently used pages until the records and the slots fit ``max_bytes``."""
+    def reserve(self, cls: SlotClass, count: int, record_bytes: int) -> list[SlotRun]:
+        """Up to ``count`` slots of ``cls`` (as runs) for records of ``record_bytes`` in
+        all, evicting least recently used pages until records and slots fit ``max_bytes``."""
         while self.bytes_used + self.reserved + record_bytes > self._max_bytes:
             if not self.evict_one():
                 break
-        slots = self.alloc.take(cls, count)
-        while len(slots) < count and self.evict_one():
-            slots += self.alloc.take(cls, count - len(slots))
-        self.reserved += record_bytes * len(slots) // count
-        return slots
+        runs = self.alloc.take(cls, count)
+        taken = sum(run.n_slots for run in runs)
+        while taken < count and self.evict_one():
+            more = self.alloc.take(cls, count - taken)
+            runs += more
+            taken += sum(run.n_slots for run in more)
+        self.reserved += record_bytes * taken // count
+        return runs
 
-    def insert_new(self, pages: Sequence[NewPage]) -> list[bool]:
-        """Index written pages, their recency entries in one call; False for a key that is
+    def insert_run(
+        self, run: SlotRun, cls: SlotClass, keys: Sequence[bytes], lengths: Sequence[int]
+    ) -> list[bool]:
+        """Index written records: ``keys[n]``, a payload of ``lengths[n]`` bytes, in the
+        n-th slot of ``run``; the recency entries in one call. False for a key that is
         stored already (nothing changed for it)."""
-        put, db = self._txn.put, self._dbs.pages
-        recency: list[tuple[bytes, bytes]] = []
-        added: list[bool] = []
-        for page in pages:
-            raw = Location.packed(page.slot, page.cls, page.payload_len, self._next_stamp)
-            fresh = put(page.key, raw, db=db, overwrite=False)
-            added.append(fresh)
-            if fresh:
-                recency.append((u64(self._stamp()), page.key))
-                self.bytes_used += HEADER_BYTES + page.payload_len
+        stamp = self._next_stamp
+        self._next_stamp += len(keys)
+        raws = Location.packed_run(run, cls, lengths, stamp)
+        pages = self._txn.cursor(db=self._dbs.pages)
+        _, added = pages.putmulti(zip(keys, raws, strict=True), overwrite=False)
+        if added == len(keys):
+            fresh = [True] * len(keys)
+        else:  # a stored entry kept its own (older) stamp, so it differs from ours
+            get, db = self._txn.get, self._dbs.pages
+            fresh = [get(key, db=db) == raw for key, raw in zip(keys, raws, strict=True)]
+        recency = [(_STAMP.pack(stamp + n), key) for n, key in enumerate(keys) if fresh[n]]
         if recency:
             self._txn.cursor(db=self._dbs.lru).putmulti(recency)
-        return added
+        self.bytes_used += sum(HEADER_BYTES + n for n, ok in zip(lengths, fresh, strict=True) if ok)
+        return fresh
 
     def reclaim_pending(self, alive: bool | None) -> int:
         """Free reservations of owners that are gone (``alive`` None: ask the OS per owner;

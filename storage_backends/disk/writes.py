@@ -31,8 +31,8 @@ from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.disk.index import DiskIndex, IndexWriter
 from storage_backends.disk.io_pool import IoPool
-from storage_backends.disk.layout import Slot, SlotClass, slot_class
-from storage_backends.disk.runs import Extent, Run, gap, plan_runs
+from storage_backends.disk.layout import SlotClass, SlotRun, slot_class
+from storage_backends.disk.runs import gap, spans
 from storage_backends.disk.segments import SegmentFiles
 from storage_backends.log_limit import LogLimiter
 from storage_backends.page_format import HEADER_BYTES, build_header
@@ -73,16 +73,24 @@ class _Page(NamedTuple):
     view: memoryview
 
 
-class _Planned(NamedTuple):
-    pos: int  # position in the batch
-    key: bytes
-    view: memoryview
-    slot: Slot
+class _Group(NamedTuple):
+    """New pages of one slot class, in batch order."""
+
     cls: SlotClass
+    pages: list[_Page]
+
+
+class _Span(NamedTuple):
+    """Pages whose records go back to back into consecutive slots: one ``pwritev``."""
+
+    segment: int
+    offset: int
+    cls: SlotClass
+    pages: list[_Page]
 
     @property
-    def payload_len(self) -> int:
-        return len(self.view)
+    def slots(self) -> SlotRun:
+        return SlotRun(self.segment, self.offset, len(self.pages))
 
 
 class _Outcome(NamedTuple):
@@ -135,13 +143,13 @@ class DiskWrites:
         kept, given_up = self._fitting(new)
         for page in given_up:
             results[page.pos] = True
-        writes = self._reserve_slots(writer, kept)
+        placed = self._place(writer, kept)
         stored = 0
-        if writes:
+        if placed:
             self._fault(PutPhase.BEFORE_DATA)
-            written = self._write(writes)
+            written = self._write(placed)
             self._fault(PutPhase.AFTER_DATA)
-            stored = self._index_written(writer, writes, written, results)
+            stored = self._index_written(writer, placed, written, results)
             self._fault(PutPhase.IN_COMMIT)
         removed = writer.removed + [page.key for page in given_up]
         return _Outcome(results, stored, writer.evictions + len(given_up), removed)
@@ -178,53 +186,41 @@ class DiskWrites:
                 return pages[n + 1 :], pages[: n + 1]
         return pages, []
 
-    def _reserve_slots(self, writer: IndexWriter, pages: list[_Page]) -> list[_Planned]:
-        """Slots for ``pages``, one run per size class; pages left without one fail."""
-        by_len: dict[int, list[_Page]] = {}  # a batch usually holds one page size
-        for page in pages:
-            by_len.setdefault(len(page.view), []).append(page)
-        by_class: dict[SlotClass, list[_Page]] = {}
-        for length, group in by_len.items():
-            by_class.setdefault(slot_class(length, self._ctx.config.direct_io), []).extend(group)
-        writes: list[_Planned] = []
-        for cls, group in by_class.items():
-            records = HEADER_BYTES * len(group) + sum(len(page.view) for page in group)
-            slots = writer.reserve(cls, len(group), records)
-            writes += [
-                _Planned(p.pos, p.key, p.view, s, cls)
-                for p, s in zip(group[: len(slots)], slots, strict=True)
-            ]
-        return writes
+    def _place(self, writer: IndexWriter, pages: list[_Page]) -> list[_Span]:
+        """Slots for ``pages`` (taken per size class), as spans; pages left without a
+        slot are not in any span (they fail)."""
+        placed: list[_Span] = []
+        for group in _groups(pages, self._ctx.config.direct_io):
+            records = HEADER_BYTES * len(group.pages) + sum(len(p.view) for p in group.pages)
+            runs = writer.reserve(group.cls, len(group.pages), records)
+            stride, threads = group.cls.stride, self._ctx.config.io_threads
+            for span in spans(runs, stride, 3, threads):  # header, payload, gap a record
+                chosen = group.pages[span.first : span.first + span.n_records]
+                placed.append(_Span(span.segment, span.offset, group.cls, chosen))
+        return placed
 
-    def _write(self, writes: list[_Planned]) -> list[bool]:
-        """The records, one ``pwritev`` per run of adjacent slots, runs on the I/O pool
-        (data fsynced at ``sync = "full"``, before the index commits)."""
-        extents = [
-            Extent(w.slot.segment, w.slot.offset, HEADER_BYTES + len(w.view), w.cls.stride)
-            for w in writes
-        ]
-        planned = plan_runs(extents, 3, self._ctx.config.io_threads)  # header, payload, gap
-        grown = self._grow(planned, extents)
-        outcomes = self._ctx.pool.map(lambda run: self._write_run(run, writes), grown)
-        result = [False] * len(writes)
-        for run, fine in zip(grown, outcomes, strict=True):
-            for member in run.members:
-                result[member] = fine
+    def _write(self, placed: list[_Span]) -> list[bool]:
+        """The spans' records, one ``pwritev`` a span, on the I/O pool (data fsynced at
+        ``sync = "full"``, before the index commits)."""
+        failed = self._grow(placed)
+        result = self._ctx.pool.map(
+            lambda span: span.segment not in failed and self._write_span(span), placed
+        )
         if self._ctx.config.sync_level.fsync_data and any(result):
             try:
                 self._ctx.segments.sync()
             except OSError as exc:
                 self._ctx.log.failure("disk store fsync failed; the batch is not stored", exc)
-                return [False] * len(writes)
+                return [False] * len(placed)
         return result
 
-    def _grow(self, runs: list[Run], extents: list[Extent]) -> list[Run]:
-        """Allocate file blocks under the runs' slots; return the runs whose segment
-        could grow (a full disk fails the pages of the others)."""
+    def _grow(self, placed: list[_Span]) -> set[int]:
+        """Allocate file blocks under the spans' slots; the segments that could not grow
+        (a full disk fails their spans)."""
         ends: dict[int, int] = {}
-        for run in runs:
-            last = extents[run.members[-1]]
-            ends[run.segment] = max(ends.get(run.segment, 0), last.offset + last.stride)
+        for span in placed:
+            end = span.offset + len(span.pages) * span.cls.stride
+            ends[span.segment] = max(ends.get(span.segment, 0), end)
         failed: set[int] = set()
         for segment, end in ends.items():
             try:
@@ -232,40 +228,54 @@ class DiskWrites:
             except OSError as exc:
                 self._ctx.log.failure("disk store segment cannot grow (disk full?)", exc)
                 failed.add(segment)
-        return [run for run in runs if run.segment not in failed]
+        return failed
 
-    def _write_run(self, run: Run, writes: list[_Planned]) -> bool:
-        """Write a run's records (header, payload, zeros up to the next slot)."""
+    def _write_span(self, span: _Span) -> bool:
+        """Write a span's records (header, payload, zeros up to the next slot); runs on
+        the I/O pool, so the checksums are computed there too."""
+        stride, last = span.cls.stride, len(span.pages) - 1
         bufs: list[bytes | memoryview] = []
-        for n, member in enumerate(run.members):
-            w = writes[member]
-            bufs += [build_header(w.key, w.view), w.view]
-            record = HEADER_BYTES + len(w.view)
-            if n + 1 < len(run.members) and w.cls.stride > record:
-                bufs.append(gap(w.cls.stride - record))
+        for n, page in enumerate(span.pages):
+            view = page.view
+            bufs += (build_header(page.key, view), view)
+            pad = stride - HEADER_BYTES - len(view)
+            if pad and n < last:
+                bufs.append(gap(pad))
         try:
-            self._ctx.segments.write(run.segment, run.offset, bufs)
+            self._ctx.segments.write(span.segment, span.offset, bufs)
         except OSError as exc:
             self._ctx.log.failure("disk store write failed; the pages are not stored", exc)
             return False
         return True
 
     def _index_written(
-        self,
-        writer: IndexWriter,
-        writes: list[_Planned],
-        written: list[bool],
-        results: list[bool],
+        self, writer: IndexWriter, placed: list[_Span], written: list[bool], results: list[bool]
     ) -> int:
-        """Index the written pages; the slots of failed writes go back. Return how many
-        pages were indexed."""
-        done = [w for w, ok in zip(writes, written, strict=True) if ok]
-        added = writer.insert_new(done)
-        for w, ok in zip(writes, written, strict=True):
+        """Index the written spans' pages; the slots of failed spans go back. Return how
+        many pages were indexed."""
+        stored = 0
+        for span, ok in zip(placed, written, strict=True):
+            slots = span.slots.slots(span.cls.stride)
             if not ok:
-                writer.alloc.release(w.slot, w.cls)
-        for w, fresh in zip(done, added, strict=True):
-            results[w.pos] = True
-            if not fresh:  # stored meanwhile: not while this transaction holds the lock
-                writer.alloc.release(w.slot, w.cls)
-        return sum(added)
+                for slot in slots:
+                    writer.alloc.release(slot, span.cls)
+                continue
+            keys = [page.key for page in span.pages]
+            fresh = writer.insert_run(span.slots, span.cls, keys, [len(p.view) for p in span.pages])
+            for page, slot, new in zip(span.pages, slots, fresh, strict=True):
+                results[page.pos] = True
+                if not new:  # stored meanwhile: not while this transaction holds the lock
+                    writer.alloc.release(slot, span.cls)
+            stored += sum(fresh)
+        return stored
+
+
+def _groups(pages: list[_Page], direct_io: bool) -> list[_Group]:
+    """``pages`` by slot class (a batch usually holds one page size: one group)."""
+    lengths = {len(page.view) for page in pages}
+    if len(lengths) == 1:
+        return [_Group(slot_class(lengths.pop(), direct_io), pages)]
+    by_class: dict[SlotClass, list[_Page]] = {}
+    for page in pages:
+        by_class.setdefault(slot_class(len(page.view), direct_io), []).append(page)
+    return [_Group(cls, group) for cls, group in by_class.items()]
