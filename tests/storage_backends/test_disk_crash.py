@@ -68,9 +68,10 @@ def _config(path: Path) -> StorageConfig:
     return StorageConfig(backend="disk", path=str(path), max_bytes=capacity, sync="none")
 
 
-def _run_writer(path: Path, phase: PutPhase) -> set[int]:
-    """Run the writer until the fault hook kills it; the acknowledged page ids."""
-    args = [path, phase.value, SIZE, BATCH, KILLED_BATCH, _config(path).max_bytes]
+def _run_writer(path: Path, phase: PutPhase, killed_batch: int = KILLED_BATCH) -> set[int]:
+    """Run the writer until the fault hook kills it in batch ``killed_batch``; the
+    acknowledged page ids."""
+    args = [path, phase.value, SIZE, BATCH, killed_batch, _config(path).max_bytes]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     done = subprocess.run(
         [sys.executable, "-c", WRITER, *map(str, args)],
@@ -109,5 +110,32 @@ def test_kill_at_each_phase_loses_nothing_acknowledged(tmp_path: Path, phase: Pu
         back = [memoryview(bytearray(SIZE)) for _ in fresh]
         assert all(store.get([_key(i) for i in fresh], back))
         assert all(bytes(b) == _payload(i) for i, b in zip(fresh, back, strict=True))
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("phase", [PutPhase.AFTER_DATA, PutPhase.IN_COMMIT])
+def test_a_kill_in_a_put_that_evicts_costs_only_what_it_evicted(
+    tmp_path: Path, phase: PutPhase
+) -> None:
+    """A full store: the killed batch evicts the oldest pages and writes into their
+    slots, uncommitted. Their entries survive the kill and now point at the killed
+    batch's records: they read as misses, never as other bytes; every other
+    acknowledged page is served bit-exact."""
+    path = tmp_path / "store"
+    full = CAPACITY_PAGES // BATCH
+    acked = _run_writer(path, phase, killed_batch=full)
+    assert acked == set(range(CAPACITY_PAGES))
+    store = create("disk", _config(path))
+    try:
+        ids = range((full + 1) * BATCH)
+        dst = [memoryview(bytearray(SIZE)) for _ in ids]
+        hits = store.get([_key(i) for i in ids], dst)
+        for i, hit, buf in zip(ids, hits, dst, strict=True):
+            assert not hit or bytes(buf) == _payload(i), f"page {i} is not its own bytes"
+            assert hit or i < BATCH or i not in acked, f"page {i} lost, the kill evicted {BATCH}"
+        fresh = range(100, 100 + CAPACITY_PAGES)
+        assert all(store.put([_key(i) for i in fresh], [memoryview(_payload(i)) for i in fresh]))
+        assert store.stats().entries == CAPACITY_PAGES
     finally:
         store.close()
