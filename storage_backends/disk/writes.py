@@ -113,6 +113,9 @@ class DiskWrites:
     def __init__(self, ctx: WriteContext) -> None:
         self._ctx = ctx
         self.fault_hook: FaultHook | None = None
+        config = ctx.config
+        self._fsync_data = config.sync_level.fsync_data
+        self._max_payload = min(config.max_page_bytes, config.max_bytes - HEADER_BYTES)
 
     def put_locked(self, keys: Sequence[bytes], views: list[memoryview]) -> list[bool]:
         """Store a checked, non-empty batch; the caller holds ``write_lock``."""
@@ -162,16 +165,17 @@ class DiskWrites:
         results: list[bool],
     ) -> list[_Page]:
         """The batch's pages not stored yet (present ones are touched and reported stored)."""
-        config = self._ctx.config
+        present = writer.present(keys)
         seen: set[bytes] = set()
         new: list[_Page] = []
-        for i, (key, view) in enumerate(zip(keys, views, strict=True)):
-            if key in seen or writer.has(key):
+        for i, key in enumerate(keys):
+            if present[i] or key in seen:
                 writer.touch(key)
                 results[i] = True  # a duplicate in the batch: the first one decides
                 continue
             seen.add(key)
-            if len(view) <= config.max_page_bytes and HEADER_BYTES + len(view) <= config.max_bytes:
+            view = views[i]
+            if len(view) <= self._max_payload:
                 new.append(_Page(i, key, view))
         return new
 
@@ -206,7 +210,7 @@ class DiskWrites:
         result = self._ctx.pool.map(
             lambda span: span.segment not in failed and self._write_span(span), placed
         )
-        if self._ctx.config.sync_level.fsync_data and any(result):
+        if self._fsync_data and any(result):
             try:
                 self._ctx.segments.sync()
             except OSError as exc:
@@ -255,18 +259,18 @@ class DiskWrites:
         many pages were indexed."""
         stored = 0
         for span, ok in zip(placed, written, strict=True):
-            slots = span.slots.slots(span.cls.stride)
-            if not ok:
-                for slot in slots:
-                    writer.alloc.release(slot, span.cls)
-                continue
-            keys = [page.key for page in span.pages]
-            fresh = writer.insert_run(span.slots, span.cls, keys, [len(p.view) for p in span.pages])
-            for page, slot, new in zip(span.pages, slots, fresh, strict=True):
-                results[page.pos] = True
-                if not new:  # stored meanwhile: not while this transaction holds the lock
-                    writer.alloc.release(slot, span.cls)
-            stored += sum(fresh)
+            run, pages = span.slots, span.pages
+            unused = run.slots(span.cls.stride)
+            if ok:
+                keys, lengths = [p.key for p in pages], [len(p.view) for p in pages]
+                fresh = writer.insert_run(run, span.cls, keys, lengths)
+                for page in pages:
+                    results[page.pos] = True
+                stored += sum(fresh)
+                # Stored meanwhile: not while this transaction holds the writer lock.
+                unused = [slot for slot, new in zip(unused, fresh, strict=True) if not new]
+            for slot in unused:
+                writer.alloc.release(slot, span.cls)
         return stored
 
 
