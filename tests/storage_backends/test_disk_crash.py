@@ -7,14 +7,18 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from storage_backends import StorageConfig, create
 from storage_backends.disk import PutPhase
+from storage_backends.disk.index import DB_NAMES, DiskIndex
+from storage_backends.disk.layout import INDEX_DIR, SlotRun, slot_class
 from storage_backends.page_format import HEADER_BYTES
 
 SIZE = 4096
@@ -137,5 +141,41 @@ def test_a_kill_in_a_put_that_evicts_costs_only_what_it_evicted(
         fresh = range(100, 100 + CAPACITY_PAGES)
         assert all(store.put([_key(i) for i in fresh], [memoryview(_payload(i)) for i in fresh]))
         assert store.stats().entries == CAPACITY_PAGES
+    finally:
+        store.close()
+
+
+def test_slots_a_first_version_put_left_reserved_come_back_at_open(tmp_path: Path) -> None:
+    """The first version of the store committed a batch's reservation (owner -> slots in
+    the ``pending`` table) before writing; a kill then left it there. Such a store opens
+    with the slots free again: it fills to capacity without evicting."""
+    path = tmp_path / "store"
+    config = _config(path)
+    cls = slot_class(SIZE, direct_io=False)
+    path.mkdir()
+    index = DiskIndex(path / INDEX_DIR, config)
+    try:
+        with index.writing() as writer:
+            runs = writer.reserve(cls, BATCH, BATCH * (SIZE + HEADER_BYTES))
+    finally:
+        index.close()
+    assert runs == [SlotRun(0, 0, BATCH)]
+    env = lmdb.open(str(path / INDEX_DIR), max_dbs=len(DB_NAMES))
+    try:
+        pending = env.open_db(b"pending")
+        record = b"".join(
+            struct.pack(">IQIH", slot.segment, slot.offset, *cls)
+            for slot in runs[0].slots(cls.stride)
+        )
+        with env.begin(write=True) as txn:
+            txn.put(struct.pack(">IQ", 2**31 - 1, 7), record, db=pending)
+    finally:
+        env.close()
+    store = create("disk", config)
+    try:
+        ids = range(CAPACITY_PAGES)
+        assert all(store.put([_key(i) for i in ids], [memoryview(_payload(i)) for i in ids]))
+        assert store.stats().entries == CAPACITY_PAGES
+        assert store.stats().evictions == 0
     finally:
         store.close()
