@@ -367,6 +367,17 @@ class DiskIndex:
                 found.append(loc)
         return Lookup(found, damaged)
 
+    def raw_locations(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Each key's index value as stored (None: absent), in one read transaction: the
+        get path unpacks them itself (``read_plan``), one struct call a page."""
+        try:
+            with self._env.begin(db=self.dbs.pages) as txn:
+                get = txn.get
+                return [get(key) for key in keys]
+        except lmdb.Error as exc:
+            self._note_damage(exc)
+            raise
+
     def count_leading(self, keys: Sequence[bytes]) -> int:
         with self.reading() as txn:
             for count, key in enumerate(keys):

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import lmdb
 
@@ -23,7 +22,8 @@ from storage_backends.counters import StatCounters
 from storage_backends.disk.index import DiskIndex, IndexWriter
 from storage_backends.disk.io_pool import IoPool
 from storage_backends.disk.layout import Location
-from storage_backends.disk.records import check_read
+from storage_backends.disk.read_plan import GAP_MAX, IOV_MAX, ReadRun, plan_reads
+from storage_backends.disk.records import check_read, check_run
 from storage_backends.disk.segments import SegmentFiles
 from storage_backends.log_limit import LogLimiter
 from storage_backends.page_format import HEADER_BYTES, Verdict
@@ -46,9 +46,10 @@ class ReadContext:
     write_lock: threading.Lock  # serialises this process's index write transactions
 
 
-class _Read(NamedTuple):
-    pos: int
-    location: Location
+# A batch smaller than this per I/O thread is read on the calling thread (a pool hop
+# costs tens of microseconds: more than reading a few small pages).
+SPLIT_BYTES = 1 << 20
+_GAP = memoryview(bytearray(GAP_MAX))  # where the gaps between records are read to
 
 
 class DiskReads:
@@ -67,7 +68,7 @@ class DiskReads:
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         views = check_batch(keys, dst, writable=True)
-        return self._read(keys, [[view] for view in views])
+        return self._read(keys, [[view] for view in views], [len(view) for view in views], 1)
 
     def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
         """Read each key's payload into the runs ``dst[i]``, in order (their lengths must
@@ -76,34 +77,72 @@ class DiskReads:
             raise ValueError(f"got {len(keys)} keys but {len(dst)} destinations")
         check_keys(keys)
         runs = [[byte_view(run, writable=True) for run in runs] for runs in dst]
-        return self._read(keys, runs)
+        lengths = [sum(map(len, page)) for page in runs]
+        return self._read(keys, runs, lengths, max(map(len, runs), default=1))
 
-    def _read(self, keys: Sequence[bytes], runs: list[list[memoryview]]) -> list[bool]:
-        lookup = self._ctx.index.lookup(keys)
-        reads = [
-            _Read(i, loc)
-            for i, loc in enumerate(lookup.locations)
-            if loc is not None and loc.payload_len == sum(len(run) for run in runs[i])
-        ]
-        verdicts = self._ctx.pool.map(
-            lambda r: self._read_one(keys[r.pos], r.location, runs[r.pos]), reads
-        )
+    def _read(
+        self, keys: Sequence[bytes], dst: list[list[memoryview]], lengths: list[int], width: int
+    ) -> list[bool]:
+        """The batch's hits; ``width``: the most buffers a page's destination has."""
+        ctx = self._ctx
+        raws = ctx.index.raw_locations(keys)
+        parts = max(1, min(ctx.pool.threads, sum(lengths) // SPLIT_BYTES))
+        max_run = min(IOV_MAX // (width + 2), -(-len(keys) // parts))
+        plan = plan_reads(raws, lengths, max(1, max_run))
+        outcomes = ctx.pool.map(lambda run: self._read_run(run, keys, dst), plan.runs, parts)
         hits = [False] * len(keys)
-        damaged: list[tuple[bytes, Location | None]] = [(keys[i], None) for i in lookup.damaged]
-        for read, verdict in zip(reads, verdicts, strict=True):
-            hits[read.pos] = verdict is Verdict.OK
-            if verdict.corrupt:
-                damaged.append((keys[read.pos], read.location))
+        damaged: list[tuple[bytes, Location | None]] = [(keys[p], None) for p in plan.damaged]
+        for run, intact in zip(plan.runs, outcomes, strict=True):
+            for pos, ok in zip(run.positions, intact, strict=True):
+                hits[pos] = ok
+                if not ok:
+                    damaged.append((keys[pos], Location.unpack(raws[pos] or b"")))
         corrupt = self._drop_damaged(damaged) if damaged else 0
         n_hits = sum(hits)
-        self._ctx.counters.record_get(n_hits, len(keys) - n_hits, corrupt)
+        ctx.counters.record_get(n_hits, len(keys) - n_hits, corrupt)
         self._touch([key for key, hit in zip(keys, hits, strict=True) if hit])
         return hits
 
-    def _read_one(self, key: bytes, loc: Location, runs: Sequence[memoryview]) -> Verdict:
+    def _read_run(
+        self, run: ReadRun, keys: Sequence[bytes], dst: list[list[memoryview]]
+    ) -> list[bool]:
+        """Read a run's records with one ``preadv``; whether each is intact."""
+        headers = bytearray(HEADER_BYTES * len(run.positions))
+        heads = memoryview(headers)
+        iov: list[memoryview] = []
+        for k, pos in enumerate(run.positions):
+            iov.append(heads[k * HEADER_BYTES : (k + 1) * HEADER_BYTES])
+            iov += dst[pos]
+            if k < len(run.gaps) and run.gaps[k]:
+                iov.append(_GAP[: run.gaps[k]])
+        want = len(headers) + sum(run.payload_lens) + sum(run.gaps)
+        try:
+            got = self._ctx.segments.read(run.segment, run.offset, iov)
+        except OSError as exc:
+            self._ctx.log.failure("disk store read failed; reported as a damaged page", exc)
+            return [False] * len(run.positions)
+        if got != want:  # the file ends inside the run: each record on its own
+            return self._read_each(run, keys, dst)
+        return check_run(headers, keys, run.positions, run.payload_lens, dst)
+
+    def _read_each(
+        self, run: ReadRun, keys: Sequence[bytes], dst: list[list[memoryview]]
+    ) -> list[bool]:
+        """A run's records read and checked one by one."""
+        out: list[bool] = []
+        offset = run.offset
+        for k, pos in enumerate(run.positions):
+            verdict = self._read_one(keys[pos], run.segment, offset, dst[pos])
+            out.append(verdict is Verdict.OK)
+            offset += HEADER_BYTES + run.payload_lens[k] + (run.gaps[k] if k < len(run.gaps) else 0)
+        return out
+
+    def _read_one(
+        self, key: bytes, segment: int, offset: int, runs: Sequence[memoryview]
+    ) -> Verdict:
         header = bytearray(HEADER_BYTES)
         try:
-            got = self._ctx.segments.read(loc.segment, loc.offset, [header, *runs])
+            got = self._ctx.segments.read(segment, offset, [header, *runs])
         except OSError as exc:
             self._ctx.log.failure("disk store read failed; reported as a damaged page", exc)
             return Verdict.TRUNCATED
@@ -130,7 +169,7 @@ class DiskReads:
             if current is None or current._replace(stamp=0) != seen._replace(stamp=0):
                 return False
             scratch = memoryview(bytearray(seen.payload_len))
-            if self._read_one(key, seen, [scratch]) is Verdict.OK:
+            if self._read_one(key, seen.segment, seen.offset, [scratch]) is Verdict.OK:
                 return False
         return writer.remove(key)
 
