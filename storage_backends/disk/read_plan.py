@@ -36,14 +36,19 @@ class ReadRun(NamedTuple):
 
 
 class ReadPlan(NamedTuple):
-    """A batch's runs, and the positions whose index value is not a location (damaged).
-    Positions in neither were absent, or stored with another payload length (a miss)."""
+    """A batch's runs, the positions whose index value is not a location (damaged), and
+    the planned positions whose recency stamp is older than ``young_from`` (those a hit
+    must touch). Positions in no run were absent, damaged, or stored with another
+    payload length (a miss)."""
 
     runs: list[ReadRun]
     damaged: list[int]
+    aging: list[int]
 
 
-def plan_reads(raws: Sequence[bytes | None], lengths: Sequence[int], max_run: int) -> ReadPlan:
+def plan_reads(
+    raws: Sequence[bytes | None], lengths: Sequence[int], max_run: int, young_from: int = 0
+) -> ReadPlan:
     """Plan the reads of a batch from its raw index values (None: absent) and the bytes
     each destination takes; a run holds at most ``max_run`` records (>= 1)."""
     if max_run < 1:
@@ -51,17 +56,20 @@ def plan_reads(raws: Sequence[bytes | None], lengths: Sequence[int], max_run: in
     unpack, size = LOCATION_STRUCT.unpack, LOCATION_STRUCT.size
     found: list[tuple[int, int, int, int, int]] = []
     damaged: list[int] = []
+    aging: list[int] = []
     for pos, raw in enumerate(raws):
         if raw is None:
             continue
         if len(raw) != size:
             damaged.append(pos)
             continue
-        segment, offset, stride, _align, payload_len, _stamp = unpack(raw)
+        segment, offset, stride, _align, payload_len, stamp = unpack(raw)
         if payload_len == lengths[pos]:
             found.append((segment, offset, stride, payload_len, pos))
+            if stamp < young_from:
+                aging.append(pos)
     found.sort()
-    return ReadPlan(_group(found, max_run), damaged)
+    return ReadPlan(_group(found, max_run), damaged, aging)
 
 
 def _group(found: list[tuple[int, int, int, int, int]], max_run: int) -> list[ReadRun]:

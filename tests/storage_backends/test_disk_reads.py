@@ -56,6 +56,8 @@ def test_runs_break_at_holes_segments_bad_strides_and_the_cap() -> None:
     plan = plan_reads(raws, [100] * len(raws), 16)
     assert [r.positions for r in plan.runs] == [[0, 1], [2], [3], [4]]
     assert plan.damaged == [6]
+    assert plan.aging == []  # every stamp (7) is young by default
+    assert plan_reads(raws, [100] * len(raws), 16, young_from=8).aging == [0, 1, 2, 3, 4]
     same = [_raw(0, n * 200, 200, 100) for n in range(8)]
     assert [r.positions for r in plan_reads(same, [100] * 8, 3).runs] == [
         [0, 1, 2],
