@@ -95,7 +95,8 @@ class DiskReads:
         ctx = self._ctx
         located = ctx.index.raw_locations(keys)
         raws = located.values
-        parts = max(1, min(ctx.pool.threads, sum(lengths) // SPLIT_BYTES))
+        threads = ctx.pool.threads
+        parts = 1 if threads == 1 else max(1, min(threads, sum(lengths) // SPLIT_BYTES))
         max_run = min(IOV_MAX // (width + 2), -(-len(keys) // parts))
         young_from = located.newest_stamp + 1 - located.entries // YOUNG_SHARE
         plan = plan_reads(raws, lengths, max(1, max_run), young_from)
@@ -110,7 +111,8 @@ class DiskReads:
         corrupt = self._drop_damaged(damaged) if damaged else 0
         n_hits = sum(hits)
         ctx.counters.record_get(n_hits, len(keys) - n_hits, corrupt)
-        self._touch([keys[pos] for pos in plan.aging if hits[pos]])
+        if plan.aging:
+            self._touch([keys[pos] for pos in plan.aging if hits[pos]])
         return hits
 
     def _read_run(
