@@ -24,7 +24,14 @@ import lmdb
 
 from storage_backends.config import StorageConfig
 from storage_backends.disk.allocator import Allocator, FreeDbs, from_u64, u64
-from storage_backends.disk.layout import PACK, Location, Slot, SlotClass, SlotRun
+from storage_backends.disk.layout import (
+    LOCATION_STRUCT,
+    PACK,
+    Location,
+    Slot,
+    SlotClass,
+    SlotRun,
+)
 from storage_backends.errors import StorageOpenError, StoreDamagedError
 from storage_backends.page_format import HEADER_BYTES
 from storage_backends.store_dir import StoreMeta, reconcile_meta, stored_fingerprint
@@ -74,12 +81,13 @@ def map_size(config: StorageConfig) -> int:
     return config.map_size or max(_MIN_MAP, min(_MAX_MAP, pages * INDEX_BYTES_PER_PAGE))
 
 
-class Lookup(NamedTuple):
-    """Locations of a batch's keys (None: absent or damaged) and which entries were
-    damaged (values that are not locations)."""
+class Located(NamedTuple):
+    """A batch's raw index values (None: absent), with the newest recency stamp and the
+    number of pages when they were read."""
 
-    locations: list[Location | None]
-    damaged: list[int]
+    values: list[bytes | None]
+    newest_stamp: int
+    entries: int
 
 
 class Reserved(NamedTuple):
@@ -156,6 +164,26 @@ class IndexWriter:
             return
         self._txn.delete(u64(loc.stamp), db=self._dbs.lru)
         self._link(key, loc._replace(stamp=self._stamp()))
+
+    def touch_many(self, keys: Sequence[bytes]) -> None:
+        """``touch`` each key in turn (the last touch of a repeated key counts), with the
+        least work a key: the stamp is swapped in the stored value's bytes, the new
+        recency entries go in with one call. Keys that are gone or damaged are skipped."""
+        get, put, delete = self._txn.get, self._txn.put, self._txn.delete
+        pages, lru = self._dbs.pages, self._dbs.lru
+        size, at = LOCATION_STRUCT.size, LOCATION_STRUCT.size - 8  # the stamp: last, u64 LE
+        recency: list[tuple[bytes, bytes]] = []
+        for key in list(dict.fromkeys(reversed(keys)))[::-1]:
+            raw = get(key, db=pages)
+            if raw is None or len(raw) != size:
+                continue
+            head, old = bytes(raw[:at]), bytes(raw[at:])  # copied: ``raw`` is the map's
+            stamp = self._stamp()
+            delete(old[::-1], db=lru)  # the old stamp, big-endian: its recency key
+            put(key, head + stamp.to_bytes(8, "little"), db=pages)
+            recency.append((u64(stamp), key))
+        if recency:
+            self._txn.cursor(db=lru).putmulti(recency)
 
     def _link(self, key: bytes, loc: Location) -> None:
         self._txn.put(key, loc.pack(), db=self._dbs.pages)
@@ -338,18 +366,20 @@ class DiskIndex:
             self.damaged = True
             raise_if_damage(exc, self.path)
 
-    def lookup(self, keys: Sequence[bytes]) -> Lookup:
-        """Each key's location in one read transaction."""
-        found: list[Location | None] = []
-        damaged: list[int] = []
-        with self.reading() as txn:
-            for i, key in enumerate(keys):
-                raw = txn.get(key, db=self.dbs.pages)
-                loc = None if raw is None else Location.unpack(raw)
-                if raw is not None and loc is None:
-                    damaged.append(i)
-                found.append(loc)
-        return Lookup(found, damaged)
+    def raw_locations(self, keys: Sequence[bytes]) -> Located:
+        """Each key's index value as stored (None: absent), the newest recency stamp and
+        the page count, in one read transaction (the get path unpacks the values itself,
+        ``read_plan``, and leaves young pages' recency alone)."""
+        try:
+            with self._env.begin(db=self.dbs.pages) as txn:
+                get = txn.get
+                values = [get(key) for key in keys]
+                cursor = txn.cursor(db=self.dbs.lru)
+                newest = from_u64(cursor.key()) if cursor.last() else 0
+                return Located(values, newest, txn.stat(self.dbs.pages)["entries"])
+        except lmdb.Error as exc:
+            self._note_damage(exc)
+            raise
 
     def count_leading(self, keys: Sequence[bytes]) -> int:
         with self.reading() as txn:

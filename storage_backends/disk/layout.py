@@ -145,6 +145,9 @@ class Location(NamedTuple):
 
 
 _LOCATION = struct.Struct("<IQIHQQ")
+# The packed form of a ``Location``, for hot loops that unpack a batch's index values
+# into plain fields (segment, offset, stride, align, payload_len, stamp).
+LOCATION_STRUCT = _LOCATION
 
 
 def segment_name(segment: int) -> str:

@@ -6,8 +6,7 @@ together from a segment's tail, free slots that happen to follow each other). On
 write per span instead of one per record costs, on a Linux page cache, about the CPU
 of a raw write of the payloads (measured: one write per record took ~1.6x that at 64
 KiB pages). The gap between a record's end and the next slot (under one alignment
-unit) is written as zeros. Reads stay one ``preadv`` per record: measured, grouping
-them saved less than it cost in Python.
+unit) is written as zeros. Gets read runs too, planned their own way (``read_plan``).
 """
 
 from __future__ import annotations

@@ -140,8 +140,7 @@ class DiskWrites:
     ) -> _Outcome:
         """The batch inside ``writer``'s transaction (committed by the caller)."""
         results = [False] * len(keys)
-        for key in self._ctx.touches.take():
-            writer.touch(key)
+        writer.touch_many(self._ctx.touches.take())
         new = self._new_pages(writer, keys, views, results)
         kept, given_up = self._fitting(new)
         for page in given_up:
