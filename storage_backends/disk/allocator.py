@@ -12,6 +12,7 @@ can serve another once the pages in front of it are gone too.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import lmdb
@@ -33,6 +34,16 @@ def from_u64(raw: bytes | memoryview | None) -> int:
 
 def _end(run: SlotRun, cls: SlotClass) -> int:
     return run.offset + run.n_slots * cls.stride
+
+
+def _candidates(tails: dict[int, int]) -> Iterator[int]:
+    """Segments a bump may extend, in order: those in use and the first unused one, then
+    the further unused ones (a batch may fill more than one new segment; the caller
+    stops at ``max_bytes``)."""
+    used = {n for n, tail in tails.items() if tail}
+    unused = (n for n in itertools.count() if n not in used)
+    yield from sorted(used | {next(unused)})
+    yield from unused
 
 
 class FreeDbs(NamedTuple):
@@ -110,10 +121,8 @@ class Allocator:
 
     def _bump(self, cls: SlotClass, count: int) -> list[SlotRun]:
         """Runs of new slots at segment tails with room, in segment order."""
-        tails = self._tail_map()
-        unused = next(n for n in itertools.count() if tails.get(n, 0) == 0)
         runs: list[SlotRun] = []
-        for segment in sorted({*(n for n, t in tails.items() if t), unused}):
+        for segment in _candidates(self._tail_map()):
             tail = self._tail(segment)
             start = round_up(tail, cls.align)
             room = self._max_bytes + cls.stride - self.allocated - (start - tail)

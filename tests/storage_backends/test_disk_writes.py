@@ -149,3 +149,30 @@ def test_a_failed_commit_leaves_nothing_of_the_batch(tmp_path: Path) -> None:
         assert [bytes(d) for d in back] == [_payload(i) for i in new]
     finally:
         store.close()
+
+
+def test_a_batch_larger_than_a_segment_fills_new_segments_without_evicting(
+    tmp_path: Path,
+) -> None:
+    size = 64 << 10  # 15 records fill a 1 MiB segment: 40 pages take three
+    config = StorageConfig(
+        backend="disk",
+        path=str(tmp_path / "s"),
+        max_bytes=8 << 20,
+        sync="none",
+        segment_bytes=1 << 20,
+    )
+    store = create("disk", config)
+    try:
+        old = [_key(1000 + i) for i in range(4)]
+        assert all(store.put(old, [memoryview(bytes(size))] * 4))
+        ids = range(40)
+        payloads = [bytes([i]) * size for i in ids]
+        assert all(store.put([_key(i) for i in ids], [memoryview(p) for p in payloads]))
+        assert store.stats().evictions == 0
+        assert store.contains(old) == [True] * 4
+        dst = [memoryview(bytearray(size)) for _ in ids]
+        assert all(store.get([_key(i) for i in ids], dst))
+        assert [bytes(d) for d in dst] == payloads
+    finally:
+        store.close()
