@@ -104,10 +104,11 @@ class DiskWrites:
     """``put`` of one DiskBackend.
 
     Thread-safe as its caller holds ``write_lock`` around ``put_locked`` (and checks,
-    under it, that the backend is open). Mutates the
-    index, the segment files, the counters and the touch queue. Raises nothing for
-    I/O or index failures (the pages are reported not stored); ValueError comes from
-    the caller's argument checks, before any of this.
+    under it, that the backend is open). Mutates the index, the segment files, the
+    counters and the touch queue. I/O and index failures raise nothing: their pages
+    are reported not stored. Structural damage of the index raises StoreDamagedError
+    (from ``DiskIndex.writing``); ValueError comes from the caller's argument checks,
+    before any of this.
     """
 
     def __init__(self, ctx: WriteContext) -> None:
