@@ -11,10 +11,12 @@ frames to the plain zmq echo, which stores and checks nothing.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import NamedTuple, Protocol
 
 import msgpack
@@ -35,11 +37,13 @@ class Cell(NamedTuple):
 
 
 class Timing(NamedTuple):
-    """One measurement: wall time, bytes moved and per-call latencies."""
+    """One measurement: wall time, bytes moved, per-call latencies, and the CPU time the
+    client process and the server process spent together (user + system, all threads)."""
 
     wall_s: float
     nbytes: int
     latencies_s: list[float]
+    cpu_s: float = 0.0
 
     @property
     def gbps(self) -> float:
@@ -55,6 +59,7 @@ class Client(Protocol):
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]: ...
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]: ...
     def exists(self, keys: Sequence[bytes]) -> int: ...
+    def delete(self, keys: Sequence[bytes]) -> int: ...
 
 
 class EchoClient:
@@ -104,10 +109,23 @@ class EchoClient:
         self._socket().recv_multipart(copy=False)
         return len(keys)
 
+    def delete(self, keys: Sequence[bytes]) -> int:
+        return 0  # the echo keeps nothing
+
     def close(self) -> None:
         for sock in self._sockets:
             sock.close(linger=0)
         self._ctx.term()
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used; 0.0 where
+    ``/proc`` cannot tell."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def drive(clients: int, work: Callable[[int], list[float]]) -> Timing:
@@ -169,8 +187,9 @@ def timed_calls(calls: list[Callable[[], object]]) -> list[float]:
     return out
 
 
-def measure(client: Client, plan: Plan, op: str, exists_calls: int) -> Timing:
-    """One op over every client's calls; GET/PUT bytes count only pages that succeeded."""
+def measure(client: Client, server_pid: int, plan: Plan, op: str, exists_calls: int) -> Timing:
+    """One op over every client's calls; GET/PUT bytes count only pages that succeeded.
+    The CPU time counted is this process's and the server's (``server_pid``)."""
     size = plan.cell.page_bytes
     moved = [0] * plan.cell.clients
     payload = memoryview(np.random.default_rng(0).bytes(size))
@@ -193,5 +212,7 @@ def measure(client: Client, plan: Plan, op: str, exists_calls: int) -> Timing:
             moved[c] += sum(ok) * size
         return latencies
 
+    cpu = time.process_time() + process_cpu_s(server_pid)
     timing = drive(plan.cell.clients, work)
-    return timing._replace(nbytes=sum(moved))
+    cpu = time.process_time() + process_cpu_s(server_pid) - cpu
+    return timing._replace(nbytes=sum(moved), cpu_s=cpu)
