@@ -187,6 +187,16 @@ class DiskBackend:
         check_keys(keys)
         return self._index.contains(keys)
 
+    def sizes(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Each key's stored payload length, None when absent (one index read, no data
+        read, mutates nothing): what a reader that does not know the page sizes (the
+        daemon) allocates before ``get``. A page replaced meanwhile is a miss of ``get``."""
+        self._check_open()
+        check_keys(keys)
+        return [
+            None if loc is None else loc.payload_len for loc in self._index.lookup(keys).locations
+        ]
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
         views = check_batch(keys, dst, writable=True)
