@@ -195,6 +195,23 @@ class DaemonStore:
         """Per (scoped) key, whether it is present. Mutates nothing."""
         return self._present(keys, tenant)
 
+    def cached(self, keys: Sequence[bytes]) -> list[Frame] | None:
+        """The records of every (scoped) key when the memory tier holds them all (each
+        made most recently used), else None: an answer without store I/O, cheap enough
+        for the socket thread. Thread-safe."""
+        records: list[Frame] = []
+        for key in keys:
+            record = self._memory.get(key)
+            if record is None:
+                return None
+            records.append(record)
+        return records
+
+    def all_cached(self, keys: Sequence[bytes]) -> bool:
+        """Whether the memory tier holds every (scoped) key (so each is present). Mutates
+        nothing; thread-safe."""
+        return all(key in self._memory for key in keys)
+
     def get(
         self,
         keys: Sequence[bytes],
