@@ -265,7 +265,12 @@ class DaemonServer:
         if request.op is Op.STATS:
             return self._stats(request, tenant)
         if request.op in (Op.EXISTS, Op.CONTAINS, Op.GET):
-            self._submit_read(ReadJob(identity.bytes, request, keys, tenant, start))
+            job = ReadJob(identity.bytes, request, keys, tenant, start)
+            done = self._from_memory(job)
+            if done is None:
+                self._submit_read(job)
+            else:
+                self._send(job.peer, done.reply, start, request.op, done.claimed)
             return None
         self._admit_write(request, nbytes)
         assert self._writer is not None
@@ -292,6 +297,32 @@ class DaemonServer:
         if not self._readers.submit(job):
             raise ProtocolError(ErrorCode.BUSY, "the daemon is stopping")
         self._metrics.queued_reads.set(self._readers.stats().queued)
+
+    def _from_memory(self, job: ReadJob) -> ReadDone | None:
+        """The answer to a read the memory tier holds in full, given on the socket thread
+        (no store I/O, no page copied: a GET's reply frames are the cached records);
+        None to queue it for the readers instead (a key not in memory, or a GET reply
+        that does not fit the reply budget or cap, whose partial answer readers give)."""
+        request = job.request
+        if request.op is not Op.GET:
+            if not self._store.all_cached(job.keys):
+                return None
+            if request.op is Op.EXISTS:
+                return ReadDone(job, ExistsReply(request.id, len(job.keys)))
+            return ReadDone(job, ContainsReply(request.id, (True,) * len(job.keys)))
+        records = self._store.cached(job.keys)
+        if records is None:
+            return None
+        sizes = [len(record) for record in records]
+        if sum(sizes) > self._limits.max_request_bytes:
+            return None
+        fits = self._replies.claim(job.peer, sizes)
+        if fits < len(sizes):
+            self._replies.unclaim(job.peer, sum(sizes[:fits]))
+            return None
+        self._metrics.lookups.labels(result="hit", tier="memory").inc(len(records))
+        reply = GetReply(request.id, (True,) * len(records), tuple(records))
+        return ReadDone(job, reply, sum(sizes))
 
     def _serve_read(self, job: ReadJob) -> ReadDone:
         """Answer one GET, EXISTS or CONTAINS (on a reader thread)."""
