@@ -106,6 +106,11 @@ class DaemonMetrics:
             "page bytes of GET replies being read or queued for clients that have not taken them",
             registry=reg,
         )
+        self.reply_buffers = Gauge(
+            f"{_PREFIX}_reply_buffers_lent",
+            "store reads' reply buffers out with replies ZeroMQ has not finished sending",
+            registry=reg,
+        )
         self.read_failures = Counter(
             f"{_PREFIX}_reader_failures", "reads that raised (answered INTERNAL)", registry=reg
         )

@@ -33,6 +33,7 @@ from hicache.daemon.metrics import DaemonMetrics
 from hicache.daemon.peers import PeerGuard, raise_fd_limit
 from hicache.daemon.readers import ReadDone, Readers, ReadJob
 from hicache.daemon.replies import ReplyBudget
+from hicache.daemon.reply_pool import ReplyPool
 from hicache.daemon.store import DaemonStore, check_record, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
 from storage_backends.page_format import Verdict
@@ -135,8 +136,11 @@ class DaemonServer:
         self._in_flight = 0
         self._in_flight_bytes = 0
         server = config.server
+        self._pool = ReplyPool()  # store reads land in its buffers, which the replies send
         self._replies = ReplyBudget(
-            server.max_queued_reply_bytes_per_peer, server.max_queued_reply_bytes
+            server.max_queued_reply_bytes_per_peer,
+            server.max_queued_reply_bytes,
+            self._pool.give_back_all,
         )
         self._admins = {t.name for t in config.auth.tenants if t.admin}
         self._server = server_version()
@@ -157,6 +161,7 @@ class DaemonServer:
         self._writer = Writer(self._store, self._wake)
         self._readers = Readers(self._config.server.readers, self._serve_read, self._wake)
         self._metrics.reply_bytes.set_function(lambda: self._replies.queued_bytes)
+        self._metrics.reply_buffers.set_function(lambda: self._pool.size().lent)
         metrics = self._config.metrics
         port = self._metrics.serve_http(metrics.host, metrics.port) if metrics.port >= 0 else None
         bound = Bound(endpoint, port, os.getpid())
@@ -347,12 +352,15 @@ class DaemonServer:
         if room <= 0:
             raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
         cap = min(room, self._limits.max_request_bytes)
-        lookup = self._store.get(job.keys, job.request.keys, cap, job.tenant)
+        lookup = self._store.get(job.keys, job.request.keys, cap, job.tenant, self._pool)
         records = lookup.records
         sizes = [len(record) for record in records if record is not None]
         fits = self._replies.claim(job.peer, sizes)
         if fits < len(sizes):  # other peers' readers claimed the total room meanwhile
             records = _keep_hits(records, fits)
+            kept = {id(record) for record in records if record is not None}
+            dropped = [r for r in lookup.records if r is not None and id(r) not in kept]
+            self._pool.give_back_all(self._pool.lent_out(dropped))
         pages = tuple(record for record in records if record is not None)
         truncated = lookup.truncated or fits < len(sizes)
         if truncated and not pages and room < self._limits.max_request_bytes:
@@ -362,7 +370,8 @@ class DaemonServer:
         self._metrics.lookups.labels(result="hit", tier="store").inc(lookup.store_hits)
         self._metrics.lookups.labels(result="miss", tier="none").inc(misses)
         found = tuple(record is not None for record in records)
-        return ReadDone(job, GetReply(job.request.id, found, pages), sum(sizes[:fits]))
+        reply = GetReply(job.request.id, found, pages)
+        return ReadDone(job, reply, sum(sizes[:fits]), buffers=tuple(self._pool.lent_out(pages)))
 
     def _admit_write(self, request: Request, nbytes: int) -> None:
         """BUSY over the in-flight bounds; MALFORMED for a page record that fails its check."""
@@ -398,7 +407,7 @@ class DaemonServer:
             job = read.job
             if read.failed:
                 self._metrics.read_failures.inc()
-            self._send(job.peer, read.reply, job.start, job.request.op, read.claimed)
+            self._send(job.peer, read.reply, job.start, job.request.op, read.claimed, read.buffers)
         self._metrics.queued_reads.set(self._readers.stats().queued)
 
     def _finish_write(self, done: WriteDone) -> None:
@@ -424,8 +433,10 @@ class DaemonServer:
         start: float,
         op: Op | None,
         claimed: int = 0,
+        buffers: Sequence[memoryview] = (),
     ) -> None:
-        """Send ``reply``; a GET reply's ``claimed`` budget is held until ZeroMQ releases it."""
+        """Send ``reply``; a GET reply's ``claimed`` budget is held, and its pool ``buffers``
+        lent, until ZeroMQ releases it."""
         frames = encode_reply(reply)
         if isinstance(reply, ErrorReply):
             self._metrics.errors.labels(code=reply.code.value).inc()
@@ -448,9 +459,11 @@ class DaemonServer:
             logger.exception("reply not sent")
             tracker = None
         if tracker is not None:
-            self._replies.add(peer, tracker, claimed)
-        elif claimed:
+            self._replies.add(peer, tracker, claimed, buffers)
+            return
+        if claimed:
             self._replies.unclaim(peer, claimed)
+        self._pool.give_back_all(buffers)
 
     def close(self) -> bool:
         """Finish and answer queued writes, then close everything (idempotent; call it

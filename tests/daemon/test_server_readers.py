@@ -32,6 +32,7 @@ from storage_backends.remote.protocol import (
 from .conftest import REPLY_TIMEOUT_S, Client, page_key, page_record
 
 QUEUED = "hicache_daemon_queued_reply_bytes"
+LENT = "hicache_daemon_reply_buffers_lent"
 MEMORY_BYTES = 64 << 10
 BIG = 2 * MEMORY_BYTES  # a record the memory tier cannot hold
 
@@ -165,9 +166,11 @@ def test_replies_a_client_never_read_are_released_when_it_disconnects(daemon, cl
             greedy.send_multipart(encode_request(Request(Op.GET, i + 1, tuple(keys))))
         _wait(lambda: _stat(other, 'hicache_daemon_requests_total{op="GET"}') >= before + 24)
         assert _stat(other, QUEUED) > 0
+        assert _stat(other, LENT) > 0  # the store's reads are the unsent replies' frames
     finally:
         greedy.close(linger=0)
     _wait(lambda: _stat(other, QUEUED) == 0)
+    _wait(lambda: _stat(other, LENT) == 0)
     assert other.get(keys[:1]) == records[:1]
 
 
