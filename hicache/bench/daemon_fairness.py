@@ -92,13 +92,18 @@ def _stream(sock: _Dealer, bulk: _Bulk, done: threading.Event) -> None:
         done.set()
 
 
-def _probe(dealer: _Dealer, key: bytes, until: threading.Event | None) -> tuple[list, list]:
+def _probe(
+    dealer: _Dealer, key: bytes, until: threading.Event | None
+) -> tuple[list[float], list[float]]:
+    """GET and PING round trips: ``QUIET_PROBES`` of each, or (with ``until``) at least
+    one each until ``until`` is set."""
     gets: list[float] = []
     pings: list[float] = []
-    while (until is None and len(gets) < QUIET_PROBES) or (until and not until.is_set()):
+    while True:
         gets.append(dealer.round_trip(Op.GET, [key]))
         pings.append(dealer.round_trip(Op.PING))
-    return gets, pings
+        if until.is_set() if until is not None else len(gets) >= QUIET_PROBES:
+            return gets, pings
 
 
 def _rows(transport: str, load: str, gets: list[float], pings: list[float]) -> list[FairnessRow]:
@@ -111,7 +116,9 @@ def _rows(transport: str, load: str, gets: list[float], pings: list[float]) -> l
     return [row("GET 1 page", gets), row("PING", pings)]
 
 
-def _under_load(probe: _Dealer, small: bytes, bulk: _Dealer, load: _Bulk) -> tuple[list, list]:
+def _under_load(
+    probe: _Dealer, small: bytes, bulk: _Dealer, load: _Bulk
+) -> tuple[list[float], list[float]]:
     done = threading.Event()
     streamer = threading.Thread(target=_stream, args=(bulk, load, done), daemon=True)
     streamer.start()
