@@ -8,9 +8,11 @@ with many requests in flight, so a buffer reused too early shows as a wrong byte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import zmq
 
 from storage_backends.page_format import encode_page
 from storage_backends.remote.protocol import (
@@ -21,11 +23,25 @@ from storage_backends.remote.protocol import (
     decode_reply,
     encode_request,
 )
+from tests.polling import wait_until
 
 from .conftest import REPLY_TIMEOUT_S, Client, daemon_toml, page_key
 
 SIZES = (1, 100, 4096, (64 << 10) - 57, (64 << 10) + 1, (256 << 10) + 7)
 COPIES = 4
+GETS = 'hicache_daemon_requests_total{op="GET"}'
+
+
+class _SlowReader(Client):
+    """A client whose socket takes in little: replies not yet read stay in the daemon."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 1)
+        self.sock.setsockopt(zmq.RCVBUF, 65536)
+        self.sock.connect(endpoint)
+        self._next_id = 0
 
 
 def _records() -> dict[bytes, bytes]:
@@ -34,10 +50,14 @@ def _records() -> dict[bytes, bytes]:
     return {key: encode_page(key, rng.bytes(SIZES[i % len(SIZES)])) for i, key in enumerate(keys)}
 
 
-def _pipelined(client: Client, op: Op, requests: list[Request]) -> dict[int, object]:
-    """Send every request at once, then take every reply (by id)."""
+def _pipelined(
+    client: Client, op: Op, requests: list[Request], until: Callable[[], bool] | None = None
+) -> dict[int, object]:
+    """Send every request at once, then (once ``until`` holds) take every reply (by id)."""
     for request in requests:
         client.sock.send_multipart(encode_request(request))
+    if until is not None:
+        assert wait_until(until, REPLY_TIMEOUT_S), "the daemon did not answer in time"
     replies: dict[int, object] = {}
     for _ in requests:
         frames = client.recv(REPLY_TIMEOUT_S)
@@ -47,10 +67,13 @@ def _pipelined(client: Client, op: Op, requests: list[Request]) -> dict[int, obj
     return replies
 
 
-def _get_each(client: Client, records: dict[bytes, bytes]) -> dict[bytes, bytes]:
+def _get_each(
+    client: Client, records: dict[bytes, bytes], until: Callable[[], bool] | None = None
+) -> dict[bytes, bytes]:
     """Every key by a GET of its own, all in flight together."""
     keys = list(records)
-    replies = _pipelined(client, Op.GET, [Request(Op.GET, i + 1, (k,)) for i, k in enumerate(keys)])
+    requests = [Request(Op.GET, i + 1, (k,)) for i, k in enumerate(keys)]
+    replies = _pipelined(client, Op.GET, requests, until)
     got: dict[bytes, bytes] = {}
     for i, key in enumerate(keys):
         reply = replies[i + 1]
@@ -78,5 +101,13 @@ def test_put_bytes_come_back_exactly_from_memory_from_the_store_and_after_restar
     restarted = start_daemon(config.replace("memory_bytes = 8388608", "memory_bytes = 0"))
     again = connect(restarted.endpoint)
     restarted.wait_ping(again)
-    for _ in range(3):  # the store, into pool buffers that the later rounds reuse
-        assert _get_each(again, records) == records
+    assert _get_each(again, records) == records  # the store, into pool buffers
+    # Replies that wait in the daemon (a client that reads nothing until all are
+    # answered) keep their buffers: the reads after them must take others.
+    slow = _SlowReader(restarted.endpoint)
+    done = restarted.stat(again, GETS) + len(records)
+    try:
+        got = _get_each(slow, records, until=lambda: restarted.stat(again, GETS) >= done)
+    finally:
+        slow.close()
+    assert got == records
