@@ -29,6 +29,7 @@ from .conftest import REPLY_TIMEOUT_S, Client, daemon_toml, page_key
 
 SIZES = (1, 100, 4096, (64 << 10) - 57, (64 << 10) + 1, (256 << 10) + 7)
 COPIES = 4
+BIG = (1 << 20) + 7
 GETS = 'hicache_daemon_requests_total{op="GET"}'
 
 
@@ -44,10 +45,10 @@ class _SlowReader(Client):
         self._next_id = 0
 
 
-def _records() -> dict[bytes, bytes]:
-    rng = np.random.default_rng(7)
-    keys = [page_key(i, "bytes-") for i in range(len(SIZES) * COPIES)]
-    return {key: encode_page(key, rng.bytes(SIZES[i % len(SIZES)])) for i, key in enumerate(keys)}
+def _records(sizes: list[int], salt: str) -> dict[bytes, bytes]:
+    rng = np.random.default_rng(len(salt))
+    keys = [page_key(i, salt) for i in range(len(sizes))]
+    return {key: encode_page(key, rng.bytes(size)) for key, size in zip(keys, sizes, strict=True)}
 
 
 def _pipelined(
@@ -85,8 +86,12 @@ def _get_each(
 def test_put_bytes_come_back_exactly_from_memory_from_the_store_and_after_restart(
     start_daemon, connect, tmp_path: Path
 ) -> None:
-    records = _records()
+    records = _records(list(SIZES) * COPIES, "bytes-")
+    # More replies than the kernel's socket buffers hold, all of one size (one pool class).
+    big = _records([BIG] * 24, "big-")
+    records |= big
     config = daemon_toml(tmp_path / "store", memory_bytes=8 << 20, sync=False)
+    assert "memory_bytes = 8388608" in config
     daemon = start_daemon(config)
     client = connect(daemon.endpoint)
     items = list(records.items())
@@ -105,9 +110,9 @@ def test_put_bytes_come_back_exactly_from_memory_from_the_store_and_after_restar
     # Replies that wait in the daemon (a client that reads nothing until all are
     # answered) keep their buffers: the reads after them must take others.
     slow = _SlowReader(restarted.endpoint)
-    done = restarted.stat(again, GETS) + len(records)
+    done = restarted.stat(again, GETS) + len(big)
     try:
-        got = _get_each(slow, records, until=lambda: restarted.stat(again, GETS) >= done)
+        got = _get_each(slow, big, until=lambda: restarted.stat(again, GETS) >= done)
     finally:
         slow.close()
-    assert got == records
+    assert got == big
