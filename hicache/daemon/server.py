@@ -220,12 +220,12 @@ class DaemonServer:
         return self.close()
 
     def _receive(self) -> None:
+        # Asking the socket whether a message waits is far cheaper than the zmq.Again a
+        # receive on an empty socket raises (it would cost one exception per wake-up).
         for _ in range(_RECV_BATCH):
-            try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            if not _readable(self._router):
                 return
-            self._handle(frames)
+            self._handle(self._router.recv_multipart(zmq.NOBLOCK, copy=False))
 
     def _handle(self, frames: Sequence[zmq.Frame]) -> None:
         identity, body = frames[0], frames[1:]
@@ -236,7 +236,7 @@ class DaemonServer:
         try:
             request = decode_request([frame.buffer for frame in body], self._limits)
             tenant = self._tenant(body[0])
-            self._metrics.tenant_requests.labels(tenant=tenant, op=request.op.value).inc()
+            self._metrics.tenant_request(tenant, request.op)
             reply = self._dispatch(identity, request, tenant, start, nbytes)
         except ProtocolError as exc:
             request_id = request.id if request is not None else exc.request_id
@@ -325,7 +325,7 @@ class DaemonServer:
         if fits < len(sizes):
             self._replies.unclaim(job.peer, sum(sizes[:fits]))
             return None
-        self._metrics.lookups.labels(result="hit", tier="memory").inc(len(records))
+        self._metrics.looked_up(len(records), 0, 0)
         reply = GetReply(request.id, (True,) * len(records), tuple(records))
         return ReadDone(job, reply, sum(sizes))
 
@@ -366,9 +366,7 @@ class DaemonServer:
         if truncated and not pages and room < self._limits.max_request_bytes:
             raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
         misses = len(job.keys) - len(pages)
-        self._metrics.lookups.labels(result="hit", tier="memory").inc(lookup.memory_hits)
-        self._metrics.lookups.labels(result="hit", tier="store").inc(lookup.store_hits)
-        self._metrics.lookups.labels(result="miss", tier="none").inc(misses)
+        self._metrics.looked_up(lookup.memory_hits, lookup.store_hits, misses)
         found = tuple(record is not None for record in records)
         reply = GetReply(job.request.id, found, pages)
         return ReadDone(job, reply, sum(sizes[:fits]), buffers=tuple(self._pool.lent_out(pages)))
@@ -391,11 +389,8 @@ class DaemonServer:
                 )
 
     def _deliver(self) -> None:
-        while True:
-            try:
-                self._wake_in.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        while _readable(self._wake_in):
+            self._wake_in.recv(zmq.NOBLOCK)
         assert self._writer is not None
         for done in self._writer.take_done():
             self._finish_write(done)
@@ -441,8 +436,7 @@ class DaemonServer:
         if isinstance(reply, ErrorReply):
             self._metrics.errors.labels(code=reply.code.value).inc()
         if op is not None:
-            self._metrics.requests.labels(op=op.value).inc()
-            self._metrics.latency.labels(op=op.value).observe(time.perf_counter() - start)
+            self._metrics.answered(op, time.perf_counter() - start)
         nbytes = sum(len(frame) for frame in frames)
         self._metrics.sent.inc(nbytes)
         peer = identity if isinstance(identity, bytes) else identity.bytes
@@ -494,6 +488,12 @@ class DaemonServer:
             logger.error("writer did not finish within the shutdown timeout")
         self._context.term()
         return finished
+
+
+def _readable(sock: zmq.Socket[bytes]) -> bool:
+    """Whether a message waits on ``sock`` (the socket thread owns it)."""
+    events = sock.getsockopt(zmq.EVENTS)
+    return isinstance(events, int) and bool(events & zmq.POLLIN)
 
 
 def _keep_hits(records: list[Frame | None], count: int) -> list[Frame | None]:
