@@ -32,8 +32,10 @@ from hicache.bench.daemon_fairness import FairnessRow, measure_fairness, print_f
 from hicache.bench.daemon_profile import ThreadProfiles
 from hicache.bench.processes import ServerProcess, start_daemon, start_echo
 from hicache.config.flags import at_least
+from hicache.daemon.oneshot import call
 from storage_backends import StorageConfig
 from storage_backends.remote.client import RemoteBackend
+from storage_backends.remote.protocol import Op, StatsReply
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +45,8 @@ GRID_PAGES = (64 << 10, 256 << 10, 2 << 20, 8 << 20)
 GRID_PER_CALL = (1, 4, 16)
 GRID_CLIENTS = (1, 4)
 OPS = ("PUT", "GET", "EXISTS")
+COMMITS = "hicache_daemon_commits"
+COMMITTED = "hicache_daemon_committed_put_requests"
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class Row:
     cpu_ratio: float  # echo's CPU time / the daemon path's, per byte (per call for EXISTS)
     p50_us: float
     p99_us: float
+    puts_per_commit: float  # PUT requests per group commit (PUT rows; 0 elsewhere)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,7 +139,7 @@ def cpu_cost(timing: Timing, op: str) -> float:
     return timing.cpu_s / max(work, 1)
 
 
-def cell_row(op: str, cell: Cell, mine: Timing, base: Timing) -> Row:
+def cell_row(op: str, cell: Cell, mine: Timing, base: Timing, per_commit: float = 0.0) -> Row:
     moves = op != "EXISTS"
     return Row(
         op=op,
@@ -148,6 +153,7 @@ def cell_row(op: str, cell: Cell, mine: Timing, base: Timing) -> Row:
         cpu_ratio=cpu_cost(base, op) / max(cpu_cost(mine, op), 1e-15),
         p50_us=mine.percentile_us(50),
         p99_us=mine.percentile_us(99),
+        puts_per_commit=per_commit,
     )
 
 
@@ -161,10 +167,19 @@ def _better(op: str, new: Timing, old: Timing | None) -> Timing:
 
 
 class Target(NamedTuple):
-    """A client and the pid of the server it talks to."""
+    """A client, the pid of the server it talks to and (the daemon) its endpoint."""
 
     client: Client
     pid: int
+    endpoint: str = ""
+
+
+def commits(endpoint: str) -> tuple[float, float]:
+    """The daemon's group commits and the PUT requests they carried, so far."""
+    reply = call(endpoint, Op.STATS, 30.0)
+    assert isinstance(reply, StatsReply)
+    stats = reply.stats
+    return stats[f"{COMMITS}_total"], stats[f"{COMMITTED}_total"]
 
 
 def cell_rows(
@@ -175,6 +190,7 @@ def cell_rows(
     mine: dict[str, Timing | None] = dict.fromkeys(OPS)
     base: dict[str, Timing | None] = dict.fromkeys(OPS)
     missing = 0
+    before = commits(daemon.endpoint)
     for plan in plans:
         for op in OPS:
             got = measure(daemon.client, daemon.pid, plan, op, exists_calls)
@@ -186,23 +202,25 @@ def cell_rows(
         for calls in plan.calls:  # keep the daemon's memory tier for the next run
             for keys in calls:
                 daemon.client.delete(keys)
+    after = commits(daemon.endpoint)
+    per_commit = (after[1] - before[1]) / max(after[0] - before[0], 1)
     rows = []
     for op in OPS:
         m, b = mine[op], base[op]
         assert m is not None and b is not None
-        rows.append(cell_row(op, plans[0].cell, m, b))
+        rows.append(cell_row(op, plans[0].cell, m, b, per_commit if op == "PUT" else 0.0))
     return rows, missing
 
 
 def print_rows(rows: list[Row]) -> None:
     head = f"{'op':<7}{'via':<4}{'clients':>8}{'page':>9}{'pages':>6}{'GB/s':>8}{'echo':>8}"
-    print(f"{head}{'ratio':>7}{'cpu':>6}{'p50 µs':>9}{'p99 µs':>9}")
+    print(f"{head}{'ratio':>7}{'cpu':>6}{'p50 µs':>9}{'p99 µs':>9}{'puts/commit':>12}")
     for r in rows:
         page = f"{r.page_bytes >> 10} KiB"
         print(
             f"{r.op:<7}{r.transport:<4}{r.clients:>8}{page:>9}{r.pages:>6}{r.gbps:>8.2f}"
             f"{r.baseline_gbps:>8.2f}{r.ratio:>7.2f}{r.cpu_ratio:>6.2f}{r.p50_us:>9.0f}"
-            f"{r.p99_us:>9.0f}"
+            f"{r.p99_us:>9.0f}{r.puts_per_commit:>12.1f}"
         )
 
 
@@ -246,7 +264,7 @@ def run_transport(
             config = StorageConfig(backend="remote", endpoint=daemon.endpoint, timeout_s=60.0)
             backend, echo = RemoteBackend(config), EchoClient(echo_server.endpoint)
             todo = cells(args, transport)
-            targets = Target(backend, daemon.pid), Target(echo, echo_server.pid)
+            targets = Target(backend, daemon.pid, daemon.endpoint), Target(echo, echo_server.pid)
             rows, missing = run_cells(*targets, todo, args)
             fairness = measure_fairness(daemon.endpoint, transport, args.fairness_mib << 20)
         finally:

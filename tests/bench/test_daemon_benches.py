@@ -50,6 +50,7 @@ ROW_KEYS = {
     "cpu_ratio",
     "p50_us",
     "p99_us",
+    "puts_per_commit",
 }
 
 
@@ -80,6 +81,7 @@ def test_daemon_bench_reports_every_op_shape_transport_and_client_count(tmp_path
         moved = row["op"] != "EXISTS"
         assert (row["gbps"] > 0 and row["baseline_gbps"] > 0) == moved
         assert row["ratio"] > 0 and row["cpu_ratio"] > 0 and 0 < row["p50_us"] <= row["p99_us"]
+        assert (row["puts_per_commit"] >= 1) == (row["op"] == "PUT")
 
 
 def test_two_engines_reuse_each_other_only_through_the_daemon(tmp_path: Path) -> None:
