@@ -34,9 +34,8 @@ from hicache.daemon.peers import PeerGuard, raise_fd_limit
 from hicache.daemon.readers import ReadDone, Readers, ReadJob
 from hicache.daemon.replies import ReplyBudget
 from hicache.daemon.reply_pool import ReplyPool
-from hicache.daemon.store import DaemonStore, check_record, scoped_key
+from hicache.daemon.store import DaemonStore, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
-from storage_backends.page_format import Verdict
 from storage_backends.remote.protocol import (
     ContainsReply,
     DeleteReply,
@@ -280,7 +279,8 @@ class DaemonServer:
         self._admit_write(request, nbytes)
         assert self._writer is not None
         pending = _Pending(identity, request, start, nbytes)
-        self._writer.submit(WriteJob(request.op, keys, request.pages, pending, tenant))
+        write = WriteJob(request.op, keys, request.pages, pending, tenant, request.keys)
+        self._writer.submit(write)
         self._in_flight += 1
         self._in_flight_bytes += nbytes
         self._metrics.in_flight.set(self._in_flight)
@@ -372,21 +372,14 @@ class DaemonServer:
         return ReadDone(job, reply, sum(sizes[:fits]), buffers=tuple(self._pool.lent_out(pages)))
 
     def _admit_write(self, request: Request, nbytes: int) -> None:
-        """BUSY over the in-flight bounds; MALFORMED for a page record that fails its check."""
+        """BUSY over the in-flight bounds. (A PUT's records are checked on the writer
+        thread: a checksum over every byte has no place on the socket thread.)"""
         server = self._config.server
         if (
             self._in_flight >= server.max_inflight_requests
             or self._in_flight_bytes + nbytes > server.max_inflight_bytes
         ):
             raise ProtocolError(ErrorCode.BUSY, "too many writes in flight; retry later")
-        if request.op is not Op.PUT:
-            return
-        for i, (key, record) in enumerate(zip(request.keys, request.pages, strict=True)):
-            verdict = check_record(record, key)
-            if verdict is not Verdict.OK:
-                raise ProtocolError(
-                    ErrorCode.MALFORMED, f"page record {i} fails its check: {verdict.value}"
-                )
 
     def _deliver(self) -> None:
         while _readable(self._wake_in):
@@ -413,7 +406,9 @@ class DaemonServer:
         self._metrics.in_flight.set(self._in_flight)
         request = pending.request
         reply: Reply
-        if done.error:
+        if done.malformed:
+            reply = ErrorReply(request.id, ErrorCode.MALFORMED, done.error)
+        elif done.error:
             reply = ErrorReply(request.id, ErrorCode.INTERNAL, done.error)
         elif request.op is Op.PUT:
             reply = PutReply(request.id, done.stored)
