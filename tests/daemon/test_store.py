@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from hicache.daemon.record_store import OPENERS
 from hicache.daemon.store import DaemonStore, scoped_key, tenant_store_path
 from storage_backends.errors import StorageWriteError
 from storage_backends.page_format import HEADER_BYTES
+from storage_backends.store_kind import detect
 
 from .conftest import ON_EVERY_STORE, page_key, page_record
 
@@ -158,3 +160,23 @@ def test_a_tenant_given_a_quota_later_keeps_reading_its_shared_pages(store) -> N
 
 def test_tenant_stores_live_beside_the_shared_one(tmp_path: Path) -> None:
     assert tenant_store_path(str(tmp_path / "store") + "/", "t") == f"{tmp_path}/store.tenant-t"
+
+
+@pytest.mark.parametrize(("before", "after"), [("lmdb", "disk"), ("disk", "lmdb")])
+def test_a_store_of_the_other_kind_is_opened_as_it_is(
+    store, tmp_path: Path, caplog, before: str, after: str
+) -> None:
+    """``store.backend`` changed over an existing store: its pages stay served (logged),
+    never an empty store of the new kind in its place."""
+    client = [page_key(i) for i in range(3)]
+    records = [page_record(key, i, size=4096) for i, key in enumerate(client)]
+    scoped = [scoped_key("t", key) for key in client]
+    first = store(memory_bytes=0, backend=before)
+    assert first.put(scoped, records) == [True] * 3
+    first.close()
+    with caplog.at_level(logging.WARNING):
+        reopened = store(memory_bytes=0, backend=after)
+    assert f"already holds a store of the {before} backend" in caplog.text
+    assert reopened.get(scoped, client, 1 << 30).records == records
+    assert reopened.put(scoped[:1], [page_record(client[0], 9, size=4096)]) == [True]
+    assert detect(tmp_path / "store") == before

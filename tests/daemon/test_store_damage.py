@@ -14,6 +14,8 @@ from pathlib import Path
 from storage_backends.lmdb_pages import walk_pages
 from storage_backends.remote.protocol import Op
 
+from .conftest import daemon_toml
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -115,6 +117,26 @@ def test_damage_found_while_running_is_quarantined(start_daemon, connect, pages,
     data_mdb = tmp_path / "store" / "data.mdb"
     root = walk_pages(data_mdb.read_bytes()).main_root
     with open(data_mdb, "r+b") as f:  # the main tree's root becomes an overflow page
+        f.seek(root * mmap.PAGESIZE + 10)
+        f.write(struct.pack("<H", 0x04))
+    assert client.put(keys[16:], records[16:]) == (True,) * 8  # into a fresh store
+    assert client.get(keys[16:]) == records[16:]
+    assert daemon.alive() and "damaged" in daemon.log()
+    assert list(tmp_path.glob("store.damaged-*"))
+
+
+def test_disk_index_damage_found_while_running_is_quarantined(
+    start_daemon, connect, pages, tmp_path
+) -> None:
+    """The same on the disk store: its LMDB index damaged under the running daemon."""
+    daemon = start_daemon(daemon_toml(tmp_path / "store", backend="disk"))
+    client = connect(daemon.endpoint)
+    daemon.wait_ping(client)
+    keys, records = pages(24, size=3000)
+    assert client.put(keys[:16], records[:16]) == (True,) * 16
+    index_mdb = tmp_path / "store" / "index" / "data.mdb"
+    root = walk_pages(index_mdb.read_bytes()).main_root
+    with open(index_mdb, "r+b") as f:  # the main tree's root becomes an overflow page
         f.seek(root * mmap.PAGESIZE + 10)
         f.write(struct.pack("<H", 0x04))
     assert client.put(keys[16:], records[16:]) == (True,) * 8  # into a fresh store
