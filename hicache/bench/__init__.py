@@ -88,6 +88,7 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
             ),
         ),
         "daemon": Benchmark("hicache.bench.daemon", reads=(), configs=DAEMON),
+        "daemon-store": Benchmark("hicache.bench.daemon_store", reads=(), configs=DAEMON),
         "vllm": Benchmark("hicache.bench.vllm", reads=()),
         "sglang": Benchmark("hicache.bench.sglang", reads=()),
     }
