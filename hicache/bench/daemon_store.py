@@ -84,7 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=at_least(1), default=16, help="pages per request")
     parser.add_argument("--mib", type=at_least(1), default=32, help="MiB per measurement")
     parser.add_argument("--repeat", type=at_least(1), default=3, help="rounds; the best counts")
-    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write the rows here (default: print only)"
+    )
 
 
 def _cpu_s(pid: int) -> float:
