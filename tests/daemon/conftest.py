@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from hicache.bench.processes import DAEMON_BANNER, ServerProcess
-from hicache.config.daemon import STORE_BACKENDS
+from hicache.config.daemon import STORE_BACKENDS, DaemonConfig
 from storage_backends.page_format import encode_page
 from storage_backends.remote.protocol import (
     Frame,
@@ -166,17 +166,18 @@ def daemon_toml(
     extra: str = "",
     memory_bytes: int = 4 << 20,
     sync: bool | str | None = None,
-    backend: str = STORE_BACKENDS[0],
+    backend: str | None = None,
 ) -> str:
-    """A daemon config on an OS-picked port; ``sync`` None: the config's default level."""
+    """A daemon config on an OS-picked port; ``sync``, ``backend`` None: the defaults."""
     sync_line = "" if sync is None else f"sync = {json.dumps(sync)}"
+    backend_line = "" if backend is None else f'backend = "{backend}"'
     return f"""
 [server]
 endpoint = "tcp://127.0.0.1:0"
 ready_file = "ready.json"
 {extra}
 [store]
-backend = "{backend}"
+{backend_line}
 path = "{store}"
 max_bytes = {64 << 20}
 memory_bytes = {memory_bytes}
@@ -194,7 +195,7 @@ ON_EVERY_STORE = pytest.mark.parametrize("daemon_backend", STORE_BACKENDS)
 @pytest.fixture
 def daemon_backend() -> str:
     """The store kind of ``start_daemon()``'s default config (the daemon's default)."""
-    return STORE_BACKENDS[0]
+    return DaemonConfig().store.backend
 
 
 @pytest.fixture
