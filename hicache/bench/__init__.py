@@ -93,6 +93,7 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
             ignores=("server.endpoint", "server.ready_file", "store.path"),
             configs=DAEMON,
         ),
+        "daemon-store": Benchmark("hicache.bench.daemon_store", reads=(), configs=DAEMON),
         "vllm": Benchmark("hicache.bench.vllm", reads=()),
         "sglang": Benchmark("hicache.bench.sglang", reads=()),
     }

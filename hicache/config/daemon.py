@@ -78,8 +78,10 @@ class ServerConfig:
         _check(self.handshake_timeout_s > 0, "server.handshake_timeout_s", "must be > 0")
 
 
-# The stores the daemon runs on; the default is the first (one line to change).
+# The stores the daemon runs on, and the one it runs on when its config names none
+# (configs/daemon.toml leaves it out: making `disk` the default is this one line).
 STORE_BACKENDS = ("lmdb", "disk")
+DEFAULT_STORE_BACKEND = "lmdb"
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class StoreConfig:
     ``full``; ``true``/``false`` (older configs) mean ``full``/``none``. At every
     level a PUT is acknowledged after its commit, so it survives ``kill -9``."""
 
-    backend: str = STORE_BACKENDS[0]
+    backend: str = DEFAULT_STORE_BACKEND
     path: str = ""
     max_bytes: int = 8 << 30
     memory_bytes: int = 1 << 30

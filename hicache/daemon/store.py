@@ -220,9 +220,11 @@ class DaemonStore:
         tenant: str | None = None,
         buffers: ReplyBuffers | None = None,
     ) -> Lookup:
-        """Records of scoped ``keys``: from memory, else read from the store straight into
-        ``buffers`` (default: fresh memory, and such hits are then cached in memory too;
-        with the caller's buffers they are not, since the caller reuses them).
+        """Records of scoped ``keys``: from memory (the cached objects themselves), else
+        read from the store straight into buffers taken from ``buffers`` (default: fresh
+        memory, and such hits are then cached in memory too; with the caller's buffers
+        they are not, since the caller reuses them). Buffers of reads that missed, or
+        whose record fails its header check, are given back before this returns.
 
         The records returned add up to at most ``max_bytes``: from the first key
         that would exceed it, every later key is reported as a miss (and not read).

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import shutil
 
+from .conftest import ON_EVERY_STORE
 
+
+@ON_EVERY_STORE
 def test_writes_after_the_store_was_deleted_survive_a_restart(
     start_daemon, connect, pages, tmp_path
 ) -> None:
