@@ -34,7 +34,7 @@ from hicache.daemon.peers import PeerGuard, raise_fd_limit
 from hicache.daemon.readers import ReadDone, Readers, ReadJob
 from hicache.daemon.replies import ReplyBudget
 from hicache.daemon.reply_pool import ReplyPool
-from hicache.daemon.store import DaemonStore, scoped_key
+from hicache.daemon.store import DaemonStore, Lookup, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
 from storage_backends.remote.protocol import (
     ContainsReply,
@@ -353,6 +353,14 @@ class DaemonServer:
             raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
         cap = min(room, self._limits.max_request_bytes)
         lookup = self._store.get(job.keys, job.request.keys, cap, job.tenant, self._pool)
+        try:
+            return self._reply_of(job, lookup, room)
+        except BaseException:  # no reply will hold the pool's buffers: they come back now
+            self._pool.give_back_all(self._pool.lent_out(lookup.records))
+            raise
+
+    def _reply_of(self, job: ReadJob, lookup: Lookup, room: int) -> ReadDone:
+        """The GET reply of what the store read, within the reply budget's ``room``."""
         records = lookup.records
         sizes = [len(record) for record in records if record is not None]
         fits = self._replies.claim(job.peer, sizes)

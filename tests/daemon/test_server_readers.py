@@ -22,6 +22,8 @@ from hicache.daemon.server import DaemonServer
 from hicache.daemon.store import DaemonStore, Lookup
 from storage_backends.remote.protocol import (
     ContainsReply,
+    ErrorCode,
+    ErrorReply,
     ExistsReply,
     GetReply,
     Op,
@@ -41,11 +43,12 @@ class Gated(NamedTuple):
     endpoint: str
     gated: set[bytes]  # client keys whose GETs wait for ``gate``
     gate: threading.Event
+    broken: set[bytes]  # client keys whose GETs come back from the store unusable
 
 
 @pytest.fixture
 def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gated]:
-    gate, gated = threading.Event(), set[bytes]()
+    gate, gated, broken = threading.Event(), set[bytes](), set[bytes]()
     original: Callable[..., Lookup] = DaemonStore.get
 
     def get(
@@ -53,7 +56,10 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gated]:
     ) -> Lookup:
         if gated.intersection(client_keys):
             assert gate.wait(2 * REPLY_TIMEOUT_S)
-        return original(self, keys, client_keys, *args)
+        lookup = original(self, keys, client_keys, *args)
+        if broken.intersection(client_keys):  # the pages were read: the reply cannot be built
+            return lookup._replace(memory_hits=None)
+        return lookup
 
     monkeypatch.setattr(DaemonStore, "get", get)
     config = DaemonConfig().with_overrides(
@@ -70,7 +76,7 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gated]:
     bound = server.start()
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
-    yield Gated(bound.endpoint, gated, gate)
+    yield Gated(bound.endpoint, gated, gate, broken)
     gate.set()
     server.stop()
     thread.join(30)
@@ -172,6 +178,18 @@ def test_replies_a_client_never_read_are_released_when_it_disconnects(daemon, cl
     _wait(lambda: _stat(other, QUEUED) == 0)
     _wait(lambda: _stat(other, LENT) == 0)
     assert other.get(keys[:1]) == records[:1]
+
+
+def test_pages_read_for_a_reply_that_failed_go_back_to_the_pool(daemon, clients) -> None:
+    client = clients()
+    key = page_key(0, "broken-")
+    assert client.put([key], [page_record(key, 0, size=BIG)]) == (True,)
+    daemon.broken.add(key)
+    reply = client.call(Op.GET, [key])
+    assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.INTERNAL
+    assert _stat(client, LENT) == 0
+    daemon.broken.clear()
+    assert client.get([key]) == [page_record(key, 0, size=BIG)]
 
 
 def _stat(client: Client, name: str) -> float:
