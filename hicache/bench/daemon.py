@@ -85,7 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fairness-mib", type=at_least(1), default=256, help="MiB streamed by the bulk client"
     )
-    parser.add_argument("--profile", type=Path, default=None, help="write cProfile files here")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="write cProfile files here (default: no profiling)",
+    )
     parser.add_argument(
         "--json", type=Path, default=None, help="write the rows here (default: print only)"
     )
