@@ -33,6 +33,14 @@ def _identity(path: Path) -> _DirIdentity | None:
     return _DirIdentity(st.st_dev, st.st_ino)
 
 
+class _Current(NamedTuple):
+    """The store in use and how many were replaced before it (read as one object, so a
+    caller never pairs a store with another's generation)."""
+
+    store: RecordStore
+    generation: int
+
+
 class StoreSlot:
     """Holds the RecordStore of one path, whatever its kind.
 
@@ -54,34 +62,34 @@ class StoreSlot:
         self._open = opener or open_record_store
         self._path = config.store_dir()
         self._lock = threading.Lock()
-        self._store = self._open(config)
+        self._current = _Current(self._open(config), 0)
         self._identity = _identity(self._path)
-        self._generation = 0  # stores replaced so far
         self._retired: list[RecordStore] = []
 
     @property
     def replaced(self) -> int:
         """How many stores this slot replaced (damaged, or their directory gone)."""
-        return self._generation
+        return self._current.generation
 
     def run(self, call: Callable[[RecordStore], _R]) -> _R:
         """``call`` on the current store; on damage, once more on an empty one."""
-        store, generation = self._store, self._generation
+        current = self._current
         try:
-            return call(store)
+            return call(current.store)
         except StoreDamagedError as exc:
-            self._replace(generation, f"damaged ({exc})", quarantine=True)
-        return call(self._store)
+            self._replace(current.generation, f"damaged ({exc})", quarantine=True)
+        return call(self._current.store)
 
     def run_write(self, call: Callable[[RecordStore], _R]) -> _R:
         """``run`` after checking that the store's directory is still the one opened."""
         if _identity(self._path) != self._identity:
-            self._replace(self._generation, "deleted or replaced while open", quarantine=False)
+            why = "deleted or replaced while open"
+            self._replace(self._current.generation, why, quarantine=False)
         return self.run(call)
 
     def _replace(self, generation: int, why: str, quarantine: bool) -> None:
         with self._lock:
-            if generation != self._generation:
+            if generation != self._current.generation:
                 return  # another thread replaced it already
             moved = quarantine_store(self._path) if quarantine else None
             logger.error(
@@ -91,12 +99,12 @@ class StoreSlot:
                 f"moved to {moved}, " if moved is not None else "",
             )
             fresh = self._open(self._config)
-            self._retired.append(self._store)
-            self._store, self._identity = fresh, _identity(self._path)
-            self._generation += 1
+            self._retired.append(self._current.store)
+            self._current = _Current(fresh, generation + 1)
+            self._identity = _identity(self._path)
 
     def stats(self) -> StorageStats:
         return self.run(lambda store: store.stats())
 
     def close(self) -> None:
-        self._store.close()
+        self._current.store.close()

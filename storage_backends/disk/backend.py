@@ -193,9 +193,7 @@ class DiskBackend:
         daemon) allocates before ``get``. A page replaced meanwhile is a miss of ``get``."""
         self._check_open()
         check_keys(keys)
-        return [
-            None if loc is None else loc.payload_len for loc in self._index.lookup(keys).locations
-        ]
+        return self._index.payload_sizes(keys)
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()

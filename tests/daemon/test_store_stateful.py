@@ -7,6 +7,7 @@
   (``truncated``); ``memory_hits + store_hits`` are the hits, whichever tier served them.
 - ``delete``: how many distinct keys were present; they are gone from both tiers.
 - ``exists``: the count of leading present keys.
+- a tenant given a quota later (a restart) keeps its pages: the model does not change.
 
 The memory tier holds three pages, so reads go through to the store and back; the model
 runs on every store the daemon can run on (lmdb, disk).
@@ -47,9 +48,21 @@ class DaemonStoreModel(RuleBasedStateMachine):
             memory_bytes=3 * (RECORD + ENTRY_OVERHEAD),
             sync=False,
         )
+        self.config = config
         self.store = DaemonStore(config, max_page_bytes=1 << 20, quotas={"quota": 16 << 20})
         self.model: dict[str, dict[bytes, bytes]] = {t: {} for t in TENANTS}
         self.version = 0
+        self.reopened = False
+
+    @precondition(lambda self: hasattr(self, "store") and not self.reopened)
+    @rule()
+    def give_shared_a_quota(self) -> None:
+        """Restart with a quota for the tenant that wrote into the shared store: its pages
+        there stay its own (read-only fallback), so the model does not change."""
+        self.store.close()
+        quotas = {"quota": 16 << 20, "shared": 16 << 20}
+        self.store = DaemonStore(self.config, max_page_bytes=1 << 20, quotas=quotas)
+        self.reopened = True
 
     def teardown(self) -> None:
         if hasattr(self, "store"):
