@@ -8,6 +8,7 @@ knows which backend is behind it: both satisfy ``RecordStore`` as they are.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol
@@ -17,6 +18,8 @@ from storage_backends.config import StorageConfig
 from storage_backends.disk import DiskBackend
 from storage_backends.lmdb_backend import LmdbBackend
 from storage_backends.store_kind import as_found
+
+logger = logging.getLogger(__name__)
 
 
 class RecordStore(Protocol):
@@ -79,4 +82,6 @@ def open_record_store(config: StorageConfig) -> RecordStore:
     opener = OPENERS.get(found.backend)
     if opener is None:
         raise ValueError(f"store.backend must be one of {tuple(OPENERS)}, got {found.backend!r}")
-    return opener(found)
+    store = opener(found)
+    logger.info("store %s: %s, sync %s", found.store_dir(), found.backend, found.sync_level.value)
+    return store

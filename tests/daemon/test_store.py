@@ -180,3 +180,47 @@ def test_a_store_of_the_other_kind_is_opened_as_it_is(
     assert reopened.get(scoped, client, 1 << 30).records == records
     assert reopened.put(scoped[:1], [page_record(client[0], 9, size=4096)]) == [True]
     assert detect(tmp_path / "store") == before
+
+
+class _CountingBuffers:
+    """ReplyBuffers that remember what they lent and what came back."""
+
+    def __init__(self) -> None:
+        self.lent: list[memoryview] = []
+        self.back: list[memoryview] = []
+
+    def take(self, size: int) -> memoryview:
+        self.lent.append(memoryview(bytearray(size)))
+        return self.lent[-1]
+
+    def give_back(self, buffer: memoryview) -> None:
+        self.back.append(buffer)
+
+
+@ON_EVERY_STORE
+def test_store_reads_land_in_the_callers_buffers_and_misses_come_back(
+    store, tmp_path: Path
+) -> None:
+    client = [page_key(i) for i in range(6)]
+    records = [page_record(key, i, size=4096) for i, key in enumerate(client)]
+    scoped = [scoped_key("t", key) for key in client]
+    s = store(memory_bytes=1 << 20)
+    assert s.put(scoped[1:5], records[1:5]) == [True] * 4  # cached in memory too
+    s.close()
+    s = store(memory_bytes=1 << 20)  # memory empty: every hit is a store read
+    buffers = _CountingBuffers()
+    cap = 3 * len(records[0])  # keys 1-3 fit; 4 would exceed: not read
+    lookup = s.get(scoped, client, cap, buffers=buffers)
+    assert lookup.records == [None, *records[1:4], None, None] and lookup.truncated
+    hits = [r for r in lookup.records if r is not None]
+    assert len(buffers.lent) == 3 and all(any(r is b for b in buffers.lent) for r in hits)
+    assert buffers.back == []
+    assert s.size().memory_entries == 0  # the caller's buffers are never cached
+
+    # A record whose client header names another key: read, found wrong, given back.
+    s.put([scoped[0]], [records[5]])
+    s.close()
+    s = store(memory_bytes=0)
+    buffers = _CountingBuffers()
+    assert s.get(scoped[:1], client[:1], 1 << 30, buffers=buffers).records == [None]
+    assert len(buffers.lent) == 1 and buffers.back[0] is buffers.lent[0]
