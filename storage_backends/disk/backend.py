@@ -158,6 +158,14 @@ class DiskBackend:
         check_keys(keys)
         return self._index.contains(keys)
 
+    def sizes(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Each key's stored payload length, None when absent (one index read, no data
+        read, mutates nothing): what a reader that does not know the page sizes (the
+        daemon) allocates before ``get``. A page replaced meanwhile is a miss of ``get``."""
+        self._check_open()
+        check_keys(keys)
+        return self._index.payload_sizes(keys)
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
         return self._reads.get(keys, dst)

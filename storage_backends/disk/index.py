@@ -399,6 +399,14 @@ class DiskIndex:
             entries = txn.stat(self.dbs.pages)["entries"]
             return entries, from_u64(txn.get(META_BYTES_USED, db=self.dbs.meta))
 
+    def payload_sizes(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Each key's stored payload length (None: absent, or a damaged entry), in one
+        read transaction."""
+        with self.reading() as txn:
+            raws = [txn.get(key, db=self.dbs.pages) for key in keys]
+            locations = [None if raw is None else Location.unpack(raw) for raw in raws]
+        return [None if loc is None else loc.payload_len for loc in locations]
+
     def sync(self) -> None:
         self._env.sync(True)
 
