@@ -27,13 +27,20 @@ class IoPool:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="disk-io")
             return self._pool
 
-    def map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
-        if self._threads == 1 or len(items) < 2:
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    def map(
+        self, fn: Callable[[_T], _R], items: Sequence[_T], parts: int | None = None
+    ) -> list[_R]:
+        """``fn`` of each item, in order, on up to ``parts`` threads (None: all of them)."""
+        chunks = min(self._threads, len(items), self._threads if parts is None else parts)
+        if chunks < 2:
             return [fn(item) for item in items]
-        chunks = min(self._threads, len(items))
-        parts = [items[i::chunks] for i in range(chunks)]
-        futures = [self._executor().submit(_run_all, fn, part) for part in parts[1:]]
-        results = [_run_all(fn, parts[0])]  # this thread does a share too
+        shares = [items[i::chunks] for i in range(chunks)]
+        futures = [self._executor().submit(_run_all, fn, part) for part in shares[1:]]
+        results = [_run_all(fn, shares[0])]  # this thread does a share too
         results += [f.result() for f in futures]
         out: list[_R] = [None] * len(items)  # type: ignore[list-item]
         for start, part in enumerate(results):

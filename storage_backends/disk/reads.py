@@ -1,0 +1,200 @@
+"""The disk backend's read path: a batch's index lookup, the record reads and checks,
+dropping pages found damaged and queueing recency touches.
+
+A get looks the batch up in one read transaction, reads each record with ``preadv``
+straight into the caller's buffers and checks the header's key and the xxh3
+checksum; a mismatch (a slot reused by another process meanwhile, a torn or damaged
+record) is a miss, and the key is dropped once a second read confirms the damage.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+
+from storage_backends.batch import byte_view, check_batch, check_keys
+from storage_backends.counters import StatCounters
+from storage_backends.disk.index import DiskIndex, IndexWriter
+from storage_backends.disk.io_pool import IoPool
+from storage_backends.disk.layout import Location
+from storage_backends.disk.read_plan import GAP_MAX, IOV_MAX, ReadRun, plan_reads
+from storage_backends.disk.records import check_read, check_run
+from storage_backends.disk.segments import SegmentFiles
+from storage_backends.log_limit import LogLimiter
+from storage_backends.page_format import HEADER_BYTES, Verdict
+from storage_backends.recency import FLUSH_AT, PendingTouches
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReadContext:
+    """What the read path shares with the rest of its DiskBackend."""
+
+    root: Path
+    index: DiskIndex
+    segments: SegmentFiles
+    pool: IoPool
+    counters: StatCounters
+    log: LogLimiter
+    touches: PendingTouches
+    write_lock: threading.Lock  # serialises this process's index write transactions
+
+
+# A batch smaller than this per I/O thread is read on the calling thread (a pool hop
+# costs tens of microseconds: more than reading a few small pages).
+SPLIT_BYTES = 1 << 20
+# A hit moves its page to the young end of the LRU order unless the page is among the
+# newest 1/YOUNG_SHARE of the store already: fewer than ``entries / YOUNG_SHARE``
+# stamps were handed out since its own (by puts and touches). Each touch rewrites the
+# page's index entries (about 6 us of CPU, more than reading a 64 KiB page); pages read
+# soon after they were stored, or read again and again, cost none. The order among
+# the young pages is left as it is; they are far from eviction, and a read once they
+# have aged touches them.
+YOUNG_SHARE = 4
+_GAP = memoryview(bytearray(GAP_MAX))  # where the gaps between records are read to
+
+
+class DiskReads:
+    """``get`` and ``get_scatter`` of one DiskBackend (which checks it is open first).
+
+    Thread-safe: reads share nothing but the index (LMDB read transactions), the
+    segment files (positional reads) and the thread-safe counters and touch queue;
+    index writes (dropping damaged pages, flushing touches) take ``write_lock``.
+    Mutates the caller's buffers (a damaged page's may be partly written), the
+    counters, the touch queue and, for damage, the index. Raises ValueError for
+    malformed arguments before any read.
+    """
+
+    def __init__(self, ctx: ReadContext) -> None:
+        self._ctx = ctx
+
+    def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
+        views = check_batch(keys, dst, writable=True)
+        return self._read(keys, [[view] for view in views], [len(view) for view in views], 1)
+
+    def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
+        """Read each key's payload into the runs ``dst[i]``, in order (their lengths must
+        add up to the stored payload length, else a miss). As ``get`` otherwise."""
+        if len(keys) != len(dst):
+            raise ValueError(f"got {len(keys)} keys but {len(dst)} destinations")
+        check_keys(keys)
+        runs = [[byte_view(run, writable=True) for run in runs] for runs in dst]
+        lengths = [sum(map(len, page)) for page in runs]
+        return self._read(keys, runs, lengths, max(map(len, runs), default=1))
+
+    def _read(
+        self, keys: Sequence[bytes], dst: list[list[memoryview]], lengths: list[int], width: int
+    ) -> list[bool]:
+        """The batch's hits; ``width``: the most buffers a page's destination has."""
+        ctx = self._ctx
+        located = ctx.index.raw_locations(keys)
+        raws = located.values
+        threads = ctx.pool.threads
+        parts = 1 if threads == 1 else max(1, min(threads, sum(lengths) // SPLIT_BYTES))
+        max_run = min(IOV_MAX // (width + 2), -(-len(keys) // parts))
+        young_from = located.newest_stamp + 1 - located.entries // YOUNG_SHARE
+        plan = plan_reads(raws, lengths, max(1, max_run), young_from)
+        outcomes = ctx.pool.map(lambda run: self._read_run(run, keys, dst), plan.runs, parts)
+        hits = [False] * len(keys)
+        damaged: list[tuple[bytes, Location | None]] = [(keys[p], None) for p in plan.damaged]
+        for run, intact in zip(plan.runs, outcomes, strict=True):
+            for pos, ok in zip(run.positions, intact, strict=True):
+                hits[pos] = ok
+                if not ok:
+                    damaged.append((keys[pos], Location.unpack(raws[pos] or b"")))
+        corrupt = self._drop_damaged(damaged) if damaged else 0
+        n_hits = sum(hits)
+        ctx.counters.record_get(n_hits, len(keys) - n_hits, corrupt)
+        if plan.aging:
+            self._touch([keys[pos] for pos in plan.aging if hits[pos]])
+        return hits
+
+    def _read_run(
+        self, run: ReadRun, keys: Sequence[bytes], dst: list[list[memoryview]]
+    ) -> list[bool]:
+        """Read a run's records with one ``preadv``; whether each is intact."""
+        headers = bytearray(HEADER_BYTES * len(run.positions))
+        heads = memoryview(headers)
+        iov: list[memoryview] = []
+        for k, pos in enumerate(run.positions):
+            iov.append(heads[k * HEADER_BYTES : (k + 1) * HEADER_BYTES])
+            iov += dst[pos]
+            if k < len(run.gaps) and run.gaps[k]:
+                iov.append(_GAP[: run.gaps[k]])
+        want = len(headers) + sum(run.payload_lens) + sum(run.gaps)
+        try:
+            got = self._ctx.segments.read(run.segment, run.offset, iov)
+        except OSError as exc:
+            self._ctx.log.failure("disk store read failed; reported as a damaged page", exc)
+            return [False] * len(run.positions)
+        if got != want:  # the file ends inside the run: each record on its own
+            return self._read_each(run, keys, dst)
+        return check_run(headers, keys, run.positions, run.payload_lens, dst)
+
+    def _read_each(
+        self, run: ReadRun, keys: Sequence[bytes], dst: list[list[memoryview]]
+    ) -> list[bool]:
+        """A run's records read and checked one by one."""
+        out: list[bool] = []
+        offset = run.offset
+        for k, pos in enumerate(run.positions):
+            verdict = self._read_one(keys[pos], run.segment, offset, dst[pos])
+            out.append(verdict is Verdict.OK)
+            offset += HEADER_BYTES + run.payload_lens[k] + (run.gaps[k] if k < len(run.gaps) else 0)
+        return out
+
+    def _read_one(
+        self, key: bytes, segment: int, offset: int, runs: Sequence[memoryview]
+    ) -> Verdict:
+        header = bytearray(HEADER_BYTES)
+        try:
+            got = self._ctx.segments.read(segment, offset, [header, *runs])
+        except OSError as exc:
+            self._ctx.log.failure("disk store read failed; reported as a damaged page", exc)
+            return Verdict.TRUNCATED
+        return check_read(header, key, got, runs)
+
+    def _drop_damaged(self, damaged: list[tuple[bytes, Location | None]]) -> int:
+        """Delete pages found damaged whose entry still points where they were read and
+        whose record fails a second read (a slot reused meanwhile is not damage)."""
+        ctx = self._ctx
+        try:
+            with ctx.write_lock, ctx.index.writing() as writer:
+                dropped = sum(self._drop_one(writer, key, loc) for key, loc in damaged)
+        except lmdb.Error:
+            logger.exception("could not delete %d damaged pages", len(damaged))
+            return 0
+        ctx.counters.note_removed(writer.removed)
+        if dropped:
+            logger.warning("deleted %d damaged pages from %s", dropped, ctx.root)
+        return dropped
+
+    def _drop_one(self, writer: IndexWriter, key: bytes, seen: Location | None) -> bool:
+        current = writer.location(key)
+        if seen is not None:
+            if current is None or current._replace(stamp=0) != seen._replace(stamp=0):
+                return False
+            scratch = memoryview(bytearray(seen.payload_len))
+            if self._read_one(key, seen.segment, seen.offset, [scratch]) is Verdict.OK:
+                return False
+        return writer.remove(key)
+
+    def _touch(self, keys: list[bytes]) -> None:
+        """Queue recency updates; flush them now only if many are pending and no write runs."""
+        if not keys:
+            return
+        ctx = self._ctx
+        if ctx.touches.add(keys) >= FLUSH_AT and ctx.write_lock.acquire(blocking=False):
+            try:
+                with ctx.index.writing() as writer:
+                    writer.touch_many(ctx.touches.take())
+            except lmdb.Error:
+                logger.exception("dropped recency updates")
+            finally:
+                ctx.write_lock.release()

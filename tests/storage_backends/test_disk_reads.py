@@ -1,0 +1,161 @@
+"""The disk backend's get path: batches planned into runs of adjacent slots, each run
+read with one preadv and every record checked; a run cut short by the end of its file
+still serves the records it holds whole."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from storage_backends import StorageConfig, create
+from storage_backends.disk.layout import LOCATION_STRUCT
+from storage_backends.disk.read_plan import GAP_MAX, plan_reads
+from storage_backends.disk.records import check_run
+from storage_backends.disk.scan import locate
+from storage_backends.page_format import HEADER_BYTES, build_header
+
+
+def _key(i: int) -> bytes:
+    return hashlib.sha256(f"key-{i}".encode()).digest()
+
+
+def _payload(i: int, size: int) -> bytes:
+    return (hashlib.sha256(f"payload-{i}".encode()).digest() * (size // 32 + 1))[:size]
+
+
+def _raw(segment: int, offset: int, stride: int, payload_len: int) -> bytes:
+    return LOCATION_STRUCT.pack(segment, offset, stride, 64, payload_len, 7)
+
+
+def test_adjacent_slots_form_one_run_in_file_order() -> None:
+    rec = HEADER_BYTES + 100
+    raws = [_raw(0, 2 * 160, 160, 100), _raw(0, 0, 160, 100), _raw(0, 160, 160, 100)]
+    plan = plan_reads(raws, [100] * 3, 16)
+    assert plan.damaged == []
+    [run] = plan.runs
+    assert (run.segment, run.offset, run.positions) == (0, 0, [1, 2, 0])
+    assert (run.payload_lens, run.gaps) == ([100] * 3, [160 - rec] * 2)
+
+
+def test_runs_break_at_holes_segments_bad_strides_and_the_cap() -> None:
+    raws: list[bytes | None] = [
+        _raw(0, 0, 200, 100),
+        _raw(0, 200, 200 + GAP_MAX, 100),  # a gap no record has: nothing joins after it
+        _raw(0, 400 + GAP_MAX, 200, 100),
+        _raw(0, 800 + GAP_MAX, 200, 100),  # a hole before it
+        _raw(1, 1000 + GAP_MAX, 200, 100),  # another segment
+        None,  # absent
+        b"not a location",  # damaged
+        _raw(0, 1000 + GAP_MAX, 200, 99),  # stored with another length: a miss
+    ]
+    plan = plan_reads(raws, [100] * len(raws), 16)
+    assert [r.positions for r in plan.runs] == [[0, 1], [2], [3], [4]]
+    assert plan.damaged == [6]
+    assert plan.aging == []  # every stamp (7) is young by default
+    assert plan_reads(raws, [100] * len(raws), 16, young_from=8).aging == [0, 1, 2, 3, 4]
+    same = [_raw(0, n * 200, 200, 100) for n in range(8)]
+    assert [r.positions for r in plan_reads(same, [100] * 8, 3).runs] == [
+        [0, 1, 2],
+        [3, 4, 5],
+        [6, 7],
+    ]
+    with pytest.raises(ValueError):
+        plan_reads(same, [100] * 8, 0)
+
+
+_slots = st.lists(
+    st.tuples(st.integers(0, 1), st.integers(0, 12), st.sampled_from([100, 120, 99])),
+    max_size=24,
+)
+
+
+@given(_slots, st.integers(1, 5))
+def test_a_plan_reads_each_wanted_record_once_from_where_it_lies(
+    slots: list[tuple[int, int, int]], max_run: int
+) -> None:
+    stride = 192
+    raws = [_raw(seg, n * stride, stride, length) for seg, n, length in slots]
+    plan = plan_reads(raws, [100] * len(raws), max_run)
+    planned = [pos for run in plan.runs for pos in run.positions]
+    assert sorted(planned) == [i for i, (_, _, length) in enumerate(slots) if length == 100]
+    for run in plan.runs:
+        assert 1 <= len(run.positions) <= max_run
+        assert len(run.gaps) == len(run.positions) - 1
+        offset = run.offset
+        for k, pos in enumerate(run.positions):
+            assert slots[pos][0] == run.segment and slots[pos][1] * stride == offset
+            offset += HEADER_BYTES + run.payload_lens[k] + (run.gaps[k] if k < len(run.gaps) else 0)
+
+
+def test_check_run_refuses_a_wrong_key_length_or_checksum() -> None:
+    payloads = [_payload(i, 64) for i in range(4)]
+    headers = bytearray(b"".join(build_header(_key(i), p) for i, p in enumerate(payloads)))
+    dst = [[memoryview(bytearray(p))] for p in payloads]
+    assert (
+        check_run(headers, [_key(i) for i in range(4)], [0, 1, 2, 3], [64] * 4, dst) == [True] * 4
+    )
+    dst[1][0][63] ^= 1  # the payload's last byte
+    keys = [_key(i) for i in range(4)]
+    keys[2] = _key(9)
+    lens = [64, 64, 64, 63]
+    assert check_run(headers, keys, [0, 1, 2, 3], lens, dst) == [True, False, False, False]
+
+
+def _store(path: Path, threads: int = 1):
+    config = StorageConfig(
+        backend="disk", path=str(path), max_bytes=16 << 20, sync="none", io_threads=threads
+    )
+    return create("disk", config)
+
+
+@pytest.mark.parametrize("size", [8192, 300 << 10])  # packed slots, 4 KiB-aligned slots
+def test_a_run_cut_by_the_end_of_its_file_serves_the_records_before_the_cut(
+    tmp_path: Path, size: int
+) -> None:
+    n = 6
+    keys = [_key(i) for i in range(n)]
+    store = _store(tmp_path / "s")
+    assert all(store.put(keys, [memoryview(_payload(i, size)) for i in range(n)]))
+    store.close()
+    place = locate(tmp_path / "s", keys[3])
+    assert place is not None
+    os.truncate(place.segment, place.offset + place.length - 1)
+    store = _store(tmp_path / "s")
+    try:
+        dst = [memoryview(bytearray(size)) for _ in range(n)]
+        assert store.get(keys, dst) == [True, True, True, False, False, False]
+        assert [bytes(d) for d in dst[:3]] == [_payload(i, size) for i in range(3)]
+        assert store.stats().corrupt == 3
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_batches_split_across_threads_read_every_page_into_its_own_buffer(
+    tmp_path: Path, threads: int
+) -> None:
+    size, n = 64 << 10, 48  # 3 MiB: more than one thread's share
+    keys = [_key(i) for i in range(n)]
+    store = _store(tmp_path / "s", threads)
+    try:
+        for start in (0, 16, 32):  # three put batches: three stretches of the segment
+            span = range(start, start + 16)
+            assert all(
+                store.put([keys[i] for i in span], [memoryview(_payload(i, size)) for i in span])
+            )
+        order = list(range(n))[::-1]
+        dst = [memoryview(bytearray(size)) for _ in order]
+        assert all(store.get([keys[i] for i in order], dst))
+        assert [bytes(d) for d in dst] == [_payload(i, size) for i in order]
+        scatter = [[memoryview(bytearray(1000)), memoryview(bytearray(size - 1000))] for _ in keys]
+        assert all(store.get_scatter(keys, scatter))  # type: ignore[attr-defined]
+        assert [b"".join(map(bytes, runs)) for runs in scatter] == [
+            _payload(i, size) for i in range(n)
+        ]
+    finally:
+        store.close()
