@@ -389,6 +389,15 @@ class LmdbBackend:
         with self._reading() as txn:
             return [txn.get(key, db=self._dbs.pages) is not None for key in keys]
 
+    def sizes(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Each key's stored payload length, None when absent (mutates nothing): what a
+        reader that does not know the page sizes (the daemon) allocates before ``get``."""
+        self._check_open()
+        check_keys(keys)
+        with self._reading() as txn:
+            blobs = [txn.get(key, db=self._dbs.pages) for key in keys]
+            return [None if blob is None else max(len(blob) - HEADER_BYTES, 0) for blob in blobs]
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
         return self._read_runs(keys, [[view] for view in check_batch(keys, dst, writable=True)])

@@ -87,7 +87,13 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
                 "policy.load_back_threshold",
             ),
         ),
-        "daemon": Benchmark("hicache.bench.daemon", reads=(), configs=DAEMON),
+        "daemon": Benchmark(
+            "hicache.bench.daemon",
+            reads=("server.", "store.", "limits."),  # passed on to the daemon it starts
+            ignores=("server.endpoint", "server.ready_file", "store.path"),
+            configs=DAEMON,
+        ),
+        "daemon-store": Benchmark("hicache.bench.daemon_store", reads=(), configs=DAEMON),
         "vllm": Benchmark("hicache.bench.vllm", reads=()),
         "sglang": Benchmark("hicache.bench.sglang", reads=()),
     }

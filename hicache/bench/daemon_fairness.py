@@ -1,10 +1,11 @@
-"""Daemon fairness: latency of a small GET and of a PING while another client streams GETs.
+"""Daemon fairness: latency of a small GET and of a PING while another client streams.
 
-One thread streams bulk GETs (``BULK_PAGES`` pages of ``BULK_PAGE_BYTES`` per
-request, a window of requests in flight) through its own DEALER socket; the
-probe sends, one at a time, a 1-page GET and a PING and records each round
-trip. The same probe also runs against a quiet daemon in the same run, so the
-figures read as "under load" next to "quiet".
+One thread streams ``total_bytes`` of bulk GETs, then ``total_bytes`` of bulk
+PUTs (fresh keys), ``BULK_PAGES`` pages of ``BULK_PAGE_BYTES`` a request and
+``BULK_WINDOW`` requests in flight, through its own DEALER socket; meanwhile
+the probe sends, one at a time, a 1-page GET and a PING and records each
+round trip, until that stream ends. The same probe also runs against a quiet
+daemon in the same run, so the figures read as "under load" next to "quiet".
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ from storage_backends.remote.protocol import Op, Request, encode_request
 BULK_PAGE_BYTES = 256 << 10
 BULK_PAGES = 16
 BULK_WINDOW = 16  # bulk requests in flight (the remote backend keeps up to 64)
-PROBES = 200
+QUIET_PROBES = 200
+REPLY_TIMEOUT_MS = 30_000
 
 
 class FairnessRow(NamedTuple):
+    transport: str
     probe: str  # "GET 1 page" or "PING"
-    load: str  # "quiet" or "bulk GETs"
+    load: str  # "quiet", "bulk GETs" or "bulk PUTs"
     p50_us: float
     p99_us: float
+    samples: int
 
 
 def _keys(tag: str, n: int) -> list[bytes]:
@@ -39,7 +43,7 @@ def _keys(tag: str, n: int) -> list[bytes]:
 
 
 class _Dealer:
-    """A raw protocol client: one socket, ids assigned here, one reply awaited at a time."""
+    """A raw protocol client: one socket, ids assigned here."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> None:
         self.sock = ctx.socket(zmq.DEALER)
@@ -49,70 +53,109 @@ class _Dealer:
 
     def send(self, op: Op, keys: Sequence[bytes] = (), pages: Sequence[bytes] = ()) -> None:
         self._next += 1
-        self.sock.send_multipart(encode_request(Request(op, self._next, tuple(keys), tuple(pages))))
+        frames = encode_request(Request(op, self._next, tuple(keys), tuple(pages)))
+        self.sock.send_multipart(frames, copy=False)
+
+    def recv(self) -> None:
+        if not self.sock.poll(REPLY_TIMEOUT_MS):
+            raise TimeoutError(f"no reply within {REPLY_TIMEOUT_MS} ms")
+        self.sock.recv_multipart(copy=False)
 
     def round_trip(self, op: Op, keys: Sequence[bytes] = ()) -> float:
         start = time.perf_counter()
         self.send(op, keys)
-        if not self.sock.poll(30_000):
-            raise TimeoutError(f"no {op} reply within 30 s")
-        self.sock.recv_multipart(copy=False)
+        self.recv()
         return time.perf_counter() - start
 
 
-def _stream(dealer: _Dealer, keys: list[bytes], stop: threading.Event) -> None:
-    """Bulk GETs, ``BULK_WINDOW`` in flight, until ``stop``."""
-    batches = [keys[i : i + BULK_PAGES] for i in range(0, len(keys), BULK_PAGES)]
-    sent = 0
-    for _ in range(BULK_WINDOW):
-        dealer.send(Op.GET, batches[sent % len(batches)])
-        sent += 1
-    while not stop.is_set():
-        if dealer.sock.poll(1000):
-            dealer.sock.recv_multipart(copy=False)
-            dealer.send(Op.GET, batches[sent % len(batches)])
-            sent += 1
+class _Bulk(NamedTuple):
+    """What the streaming client sends: request ``i`` is ``op`` of ``batches[i]``."""
+
+    op: Op
+    batches: list[list[bytes]]
+    records: dict[bytes, bytes]  # PUT only
 
 
-def _probe(dealer: _Dealer, key: bytes) -> tuple[list[float], list[float]]:
-    gets, pings = [], []
-    for _ in range(PROBES):
+def _stream(sock: _Dealer, bulk: _Bulk, done: threading.Event) -> None:
+    """Every request of ``bulk``, ``BULK_WINDOW`` in flight; sets ``done`` at the end."""
+    try:
+        in_flight = 0
+        for keys in bulk.batches:
+            if in_flight == BULK_WINDOW:
+                sock.recv()
+                in_flight -= 1
+            sock.send(bulk.op, keys, [bulk.records[k] for k in keys] if bulk.records else ())
+            in_flight += 1
+        for _ in range(in_flight):
+            sock.recv()
+    finally:
+        done.set()
+
+
+def _probe(
+    dealer: _Dealer, key: bytes, until: threading.Event | None
+) -> tuple[list[float], list[float]]:
+    """GET and PING round trips: ``QUIET_PROBES`` of each, or (with ``until``) at least
+    one each until ``until`` is set."""
+    gets: list[float] = []
+    pings: list[float] = []
+    while True:
         gets.append(dealer.round_trip(Op.GET, [key]))
         pings.append(dealer.round_trip(Op.PING))
-    return gets, pings
+        if until.is_set() if until is not None else len(gets) >= QUIET_PROBES:
+            return gets, pings
 
 
-def _rows(load: str, gets: list[float], pings: list[float]) -> list[FairnessRow]:
+def _rows(transport: str, load: str, gets: list[float], pings: list[float]) -> list[FairnessRow]:
     def row(probe: str, samples: list[float]) -> FairnessRow:
+        if not samples:
+            return FairnessRow(transport, probe, load, 0.0, 0.0, 0)
         p50, p99 = np.percentile(samples, [50, 99]) * 1e6
-        return FairnessRow(probe, load, float(p50), float(p99))
+        return FairnessRow(transport, probe, load, float(p50), float(p99), len(samples))
 
     return [row("GET 1 page", gets), row("PING", pings)]
 
 
-def measure_fairness(endpoint: str) -> list[FairnessRow]:
-    """Probe latencies on a quiet daemon, then while another client streams bulk GETs."""
+def _under_load(
+    probe: _Dealer, small: bytes, bulk: _Dealer, load: _Bulk
+) -> tuple[list[float], list[float]]:
+    done = threading.Event()
+    streamer = threading.Thread(target=_stream, args=(bulk, load, done), daemon=True)
+    streamer.start()
+    try:
+        return _probe(probe, small, done)
+    finally:
+        streamer.join(REPLY_TIMEOUT_MS / 1000)
+
+
+def _loads(payload: bytes, total_bytes: int) -> tuple[_Bulk, _Bulk, list[bytes]]:
+    """The bulk GETs (over pages stored first), the bulk PUTs (fresh keys), the GET keys."""
+    requests = max(1, total_bytes // (BULK_PAGE_BYTES * BULK_PAGES))
+    stored = _keys("bulk", 4 * BULK_PAGES)
+    get_batches = [stored[(i % 4) * BULK_PAGES :][:BULK_PAGES] for i in range(requests)]
+    fresh = _keys("fresh", requests * BULK_PAGES)
+    put_batches = [fresh[i : i + BULK_PAGES] for i in range(0, len(fresh), BULK_PAGES)]
+    records = {key: encode_page(key, payload) for key in fresh}
+    return _Bulk(Op.GET, get_batches, {}), _Bulk(Op.PUT, put_batches, records), stored
+
+
+def measure_fairness(endpoint: str, transport: str, total_bytes: int) -> list[FairnessRow]:
+    """Probe latencies on a quiet daemon, then while another client streams GETs, then PUTs."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     bulk, probe = _Dealer(ctx, endpoint), _Dealer(ctx, endpoint)
     try:
-        keys = _keys("bulk", 4 * BULK_PAGES)
         payload = np.random.default_rng(0).bytes(BULK_PAGE_BYTES)
-        for i in range(0, len(keys), BULK_PAGES):
-            pages = [encode_page(key, payload) for key in keys[i : i + BULK_PAGES]]
-            bulk.send(Op.PUT, keys[i : i + BULK_PAGES], pages)
-            bulk.sock.recv_multipart()
+        gets, puts, stored = _loads(payload, total_bytes)
+        for i in range(0, len(stored), BULK_PAGES):
+            keys = stored[i : i + BULK_PAGES]
+            bulk.send(Op.PUT, keys, [encode_page(key, payload) for key in keys])
+            bulk.recv()
         small = _keys("small", 1)[0]
         probe.send(Op.PUT, [small], [encode_page(small, payload[:4096])])
-        probe.sock.recv_multipart()
-        rows = _rows("quiet", *_probe(probe, small))
-        stop = threading.Event()
-        streamer = threading.Thread(target=_stream, args=(bulk, keys, stop), daemon=True)
-        streamer.start()
-        try:
-            rows += _rows("bulk GETs", *_probe(probe, small))
-        finally:
-            stop.set()
-            streamer.join(30)
+        probe.recv()
+        rows = _rows(transport, "quiet", *_probe(probe, small, None))
+        rows += _rows(transport, "bulk GETs", *_under_load(probe, small, bulk, gets))
+        rows += _rows(transport, "bulk PUTs", *_under_load(probe, small, bulk, puts))
         return rows
     finally:
         bulk.sock.close(linger=0)
@@ -121,6 +164,9 @@ def measure_fairness(endpoint: str) -> list[FairnessRow]:
 
 
 def print_fairness(rows: list[FairnessRow]) -> None:
-    print(f"{'probe':<12}{'load':<11}{'p50 µs':>9}{'p99 µs':>9}")
+    print(f"{'via':<5}{'probe':<12}{'load':<11}{'p50 µs':>9}{'p99 µs':>9}{'n':>6}")
     for r in rows:
-        print(f"{r.probe:<12}{r.load:<11}{r.p50_us:>9.0f}{r.p99_us:>9.0f}")
+        print(
+            f"{r.transport:<5}{r.probe:<12}{r.load:<11}{r.p50_us:>9.0f}{r.p99_us:>9.0f}"
+            f"{r.samples:>6}"
+        )

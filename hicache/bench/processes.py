@@ -152,12 +152,19 @@ def start_daemon(
     endpoint: str = "tcp://127.0.0.1:0",
     log_path: Path | None = None,
     keys: tuple[str, str] | None = None,
+    extra: Sequence[str] = (),
+    profile: Path | None = None,
 ) -> ServerProcess:
     """The daemon (``config``: a TOML path, or a shipped config's name) at ``endpoint`` (default: an
-    OS-picked loopback port) over the store at ``store``, metrics off; returned once it
-    answers a PING (sent with ``keys`` = (client key file, server key file) under CURVE)."""
-    argv = [sys.executable, "-m", "hicache.daemon", "serve", "--config", str(config)]
-    argv += ["--endpoint", endpoint, "--store", str(store), "--metrics-port", "-1"]
+    OS-picked loopback port) over the store at ``store``, metrics off, with ``extra`` flags of
+    ``hicache serve``; returned once it answers a PING (sent with ``keys`` = (client key file,
+    server key file) under CURVE). With ``profile``, it runs under
+    ``hicache.bench.daemon_profile``, which writes its cProfile figures there on exit."""
+    runner = (
+        ["hicache.daemon"] if profile is None else ["hicache.bench.daemon_profile", str(profile)]
+    )
+    argv = [sys.executable, "-m", *runner, "serve", "--config", str(config)]
+    argv += ["--endpoint", endpoint, "--store", str(store), "--metrics-port", "-1", *extra]
     server = ServerProcess(argv, DAEMON_BANNER, log_path)
     try:
         wait_ping(server.endpoint, *(keys or (None, None)))
@@ -167,8 +174,8 @@ def start_daemon(
     return server
 
 
-def start_echo() -> ServerProcess:
-    """The plain ROUTER echo (``hicache.bench.zmq_echo``); it answers once bound."""
+def start_echo(endpoint: str = "tcp://127.0.0.1:*") -> ServerProcess:
+    """The plain ROUTER echo (``hicache.bench.zmq_echo``) at ``endpoint``; it answers once bound."""
     from hicache.bench.zmq_echo import BANNER
 
-    return ServerProcess([sys.executable, "-m", "hicache.bench.zmq_echo"], BANNER)
+    return ServerProcess([sys.executable, "-m", "hicache.bench.zmq_echo", endpoint], BANNER)

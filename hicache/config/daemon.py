@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from hicache.config import loader as config_loader
 from hicache.config.loader import Scalar
+from storage_backends.config import SYNC_LEVELS, SyncLevel
 from storage_backends.remote.protocol import Limits
 
 _TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -77,19 +78,40 @@ class ServerConfig:
         _check(self.handshake_timeout_s > 0, "server.handshake_timeout_s", "must be > 0")
 
 
+# The stores the daemon runs on, and the one it runs on when its config names none
+# (configs/daemon.toml leaves it out: making `disk` the default is this one line).
+STORE_BACKENDS = ("lmdb", "disk")
+DEFAULT_STORE_BACKEND = "lmdb"
+
+
 @dataclass(frozen=True)
 class StoreConfig:
-    """The LMDB store (``path``, ``max_bytes``) and the memory LRU in front of it.
-    An empty ``path`` is ``daemon-store`` in the per-user cache directory."""
+    """The page store (``backend``, ``path``, ``max_bytes``, ``sync``) and the memory LRU in
+    front of it. An empty ``path`` is ``daemon-store`` in the per-user cache directory.
 
+    ``sync`` is the storage vocabulary (``storage.sync``): ``none``, ``index`` or
+    ``full``; ``true``/``false`` (older configs) mean ``full``/``none``. At every
+    level a PUT is acknowledged after its commit, so it survives ``kill -9``."""
+
+    backend: str = DEFAULT_STORE_BACKEND
     path: str = ""
     max_bytes: int = 8 << 30
     memory_bytes: int = 1 << 30
-    sync: bool = True  # fsync each group commit (an acknowledged page survives an OS crash)
+    sync: str | bool = SyncLevel.INDEX.value
 
     def __post_init__(self) -> None:
+        _check(
+            self.backend in STORE_BACKENDS,
+            "store.backend",
+            f"must be one of {STORE_BACKENDS}, got {self.backend!r}",
+        )
         _check(self.max_bytes >= 1, "store.max_bytes", "must be >= 1")
         _check(self.memory_bytes >= 0, "store.memory_bytes", "must be >= 0")
+        _check(
+            isinstance(self.sync, bool) or self.sync in SYNC_LEVELS,
+            "store.sync",
+            f"must be one of {SYNC_LEVELS} (or true/false), got {self.sync!r}",
+        )
 
 
 @dataclass(frozen=True)

@@ -119,10 +119,18 @@ DAEMON_MEANINGS: dict[str, str] = {
     "server.readers": "threads answering GET and EXISTS; one client's reads at a time, in turn",
     "server.heartbeat_s": "ZMTP heartbeat; a peer silent for 3 intervals is dropped; 0: off",
     "server.handshake_timeout_s": "a connection that has not handshaken by then is dropped",
-    "store.path": "LMDB directory; empty: `daemon-store` in the per-user cache directory",
+    "store.backend": (
+        "the page store: `lmdb`, or `disk` (segment files + an LMDB index); a directory that"
+        " already holds a store of the other kind is opened as it is (logged), never emptied"
+    ),
+    "store.path": "store directory; empty: `daemon-store` in the per-user cache directory",
     "store.max_bytes": "store capacity; least recently used pages go first",
-    "store.memory_bytes": "memory LRU in front of LMDB",
-    "store.sync": "fsync each group commit (an acknowledged page survives an OS crash)",
+    "store.memory_bytes": "memory LRU in front of the store",
+    "store.sync": (
+        "durability as `storage.sync`: `none`, `index`, `full` (`true`/`false` mean"
+        " `full`/`none`; lmdb: `index` is `full`); a PUT is acknowledged after its commit, so"
+        " an acknowledged page survives `kill -9` at every level"
+    ),
     "limits.max_batch_keys": "keys in one request",
     "limits.max_key_bytes": "bytes of one key",
     "limits.max_page_bytes": "bytes of one page",
@@ -133,7 +141,9 @@ DAEMON_MEANINGS: dict[str, str] = {
     "auth.server_secret_key": "the daemon's `.key_secret` file (`hicache keygen`)",
     "auth.tenants": (
         "`[[auth.tenants]]` tables: `name`, `public_key` (z85, or a `.key` file),"
-        " `max_store_bytes` (0: the shared store), `admin` (STATS of the whole daemon)"
+        " `max_store_bytes` (0: the shared store; > 0: a store of its own, its older pages in"
+        " the shared store stay readable until evicted there), `admin` (STATS of the whole"
+        " daemon)"
     ),
 }
 

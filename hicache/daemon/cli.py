@@ -71,7 +71,7 @@ def _serve_flags(serve: argparse.ArgumentParser) -> None:
         help="write the bound endpoint here as JSON (default: server.ready_file of --config)",
     )
     serve.add_argument(
-        "--store", dest="store_path", help="LMDB directory (default: store.path of --config)"
+        "--store", dest="store_path", help="store directory (default: store.path of --config)"
     )
     serve.add_argument(
         "--store-bytes",

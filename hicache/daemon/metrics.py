@@ -106,6 +106,11 @@ class DaemonMetrics:
             "page bytes of GET replies being read or queued for clients that have not taken them",
             registry=reg,
         )
+        self.reply_buffers = Gauge(
+            f"{_PREFIX}_reply_buffers_lent",
+            "store reads' reply buffers out with replies ZeroMQ has not finished sending",
+            registry=reg,
+        )
         self.read_failures = Counter(
             f"{_PREFIX}_reader_failures", "reads that raised (answered INTERNAL)", registry=reg
         )
@@ -117,11 +122,40 @@ class DaemonMetrics:
             registry=reg,
         )
         reg.register(_SizeCollector(size, writer))
+        # Labelled children looked up once: a labels() call per request costs more than
+        # the request's own bookkeeping on the socket thread.
+        self._answered = {op: self.requests.labels(op=op.value) for op in Op}
+        self._latency = {op: self.latency.labels(op=op.value) for op in Op}
+        self._by_tenant: dict[tuple[str, Op], Counter] = {}
+        self._hits = {
+            tier: self.lookups.labels(result="hit", tier=tier) for tier in ("memory", "store")
+        }
+        self._misses = self.lookups.labels(result="miss", tier="none")
         for op in Op:  # every label present from the start, so dashboards see zeros
             self.requests.labels(op=op.value)
         for code in ErrorCode:
             self.errors.labels(code=code.value)
         self._http: tuple[object, threading.Thread] | None = None
+
+    def answered(self, op: Op, seconds: float) -> None:
+        """A reply to a request of ``op`` went out ``seconds`` after it came in."""
+        self._answered[op].inc()
+        self._latency[op].observe(seconds)
+
+    def tenant_request(self, tenant: str, op: Op) -> None:
+        """``tenant`` sent a request of ``op``."""
+        child = self._by_tenant.get((tenant, op))
+        if child is None:  # one per (tenant, op): bounded by the configured tenants
+            child = self._by_tenant[(tenant, op)] = self.tenant_requests.labels(
+                tenant=tenant, op=op.value
+            )
+        child.inc()
+
+    def looked_up(self, memory_hits: int, store_hits: int, misses: int) -> None:
+        """GET keys served from memory, from the store, and not found."""
+        self._hits["memory"].inc(memory_hits)
+        self._hits["store"].inc(store_hits)
+        self._misses.inc(misses)
 
     def serve_http(self, host: str, port: int) -> int:
         """Start the scrape endpoint; return its port (``port`` 0: OS-picked)."""

@@ -27,12 +27,14 @@ class ReadJob(NamedTuple):
 
 
 class ReadDone(NamedTuple):
-    """A read's reply; ``claimed`` reply-budget bytes the socket thread settles on send."""
+    """A read's reply; ``claimed`` reply-budget bytes and pool ``buffers`` the socket thread
+    settles on send."""
 
     job: ReadJob
     reply: Reply
     claimed: int = 0
     failed: bool = False  # serve raised: a bug or a store failure (counted in the metrics)
+    buffers: tuple[memoryview, ...] = ()  # reply-pool buffers the reply's frames are
 
 
 class ReaderStats(NamedTuple):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import zmq
@@ -21,6 +21,11 @@ import zmq
 class _Queued(NamedTuple):
     tracker: zmq.MessageTracker
     nbytes: int
+    buffers: Sequence[memoryview]  # handed to ``on_release`` once ZeroMQ is done
+
+
+def _keep(_buffers: Sequence[memoryview]) -> None:
+    """The default ``on_release``: the buffers are nobody's to give back."""
 
 
 class ReplyBudget:
@@ -32,10 +37,18 @@ class ReplyBudget:
     claim into a reply sent with ``track=True``; ``unclaim`` gives a claim
     back (reply not sent, or sent without pages); ``sweep`` forgets released
     replies of every peer (a peer that went away is forgotten once ZeroMQ
-    dropped its queue). Thread-safe (one lock).
+    dropped its queue), handing each released reply's ``buffers`` to
+    ``on_release`` (called under the budget's lock: it must not call back).
+    Thread-safe (one lock).
     """
 
-    def __init__(self, per_peer: int, total: int) -> None:
+    def __init__(
+        self,
+        per_peer: int,
+        total: int,
+        on_release: Callable[[Sequence[memoryview]], None] = _keep,
+    ) -> None:
+        self._on_release = on_release
         self._per_peer = per_peer
         self._total = total
         self._peers: dict[bytes, deque[_Queued]] = {}
@@ -73,13 +86,21 @@ class ReplyBudget:
         with self._lock:
             self._hold(peer, -nbytes)
 
-    def add(self, peer: bytes, tracker: zmq.MessageTracker, claimed: int) -> None:
-        """Track a sent reply whose ``claimed`` bytes stay held until ZeroMQ releases it."""
+    def add(
+        self,
+        peer: bytes,
+        tracker: zmq.MessageTracker,
+        claimed: int,
+        buffers: Sequence[memoryview] = (),
+    ) -> None:
+        """Track a sent reply whose ``claimed`` bytes stay held, and whose ``buffers`` are
+        given to ``on_release``, once ZeroMQ releases it."""
         with self._lock:
             if tracker.done:
                 self._hold(peer, -claimed)
+                self._on_release(buffers)
                 return
-            self._peers.setdefault(peer, deque()).append(_Queued(tracker, claimed))
+            self._peers.setdefault(peer, deque()).append(_Queued(tracker, claimed, buffers))
 
     def sweep(self) -> None:
         with self._lock:
@@ -100,6 +121,8 @@ class ReplyBudget:
             return
         # Replies to one peer leave in order, so only the front can have been released.
         while queue and queue[0].tracker.done:
-            self._hold(peer, -queue.popleft().nbytes)
+            released = queue.popleft()
+            self._hold(peer, -released.nbytes)
+            self._on_release(released.buffers)
         if not queue:
             del self._peers[peer]

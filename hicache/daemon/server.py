@@ -33,9 +33,9 @@ from hicache.daemon.metrics import DaemonMetrics
 from hicache.daemon.peers import PeerGuard, raise_fd_limit
 from hicache.daemon.readers import ReadDone, Readers, ReadJob
 from hicache.daemon.replies import ReplyBudget
-from hicache.daemon.store import DaemonStore, check_record, scoped_key
+from hicache.daemon.reply_pool import ReplyPool
+from hicache.daemon.store import DaemonStore, Lookup, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
-from storage_backends.page_format import Verdict
 from storage_backends.remote.protocol import (
     ContainsReply,
     DeleteReply,
@@ -135,8 +135,11 @@ class DaemonServer:
         self._in_flight = 0
         self._in_flight_bytes = 0
         server = config.server
+        self._pool = ReplyPool()  # store reads land in its buffers, which the replies send
         self._replies = ReplyBudget(
-            server.max_queued_reply_bytes_per_peer, server.max_queued_reply_bytes
+            server.max_queued_reply_bytes_per_peer,
+            server.max_queued_reply_bytes,
+            self._pool.give_back_all,
         )
         self._admins = {t.name for t in config.auth.tenants if t.admin}
         self._server = server_version()
@@ -157,6 +160,7 @@ class DaemonServer:
         self._writer = Writer(self._store, self._wake)
         self._readers = Readers(self._config.server.readers, self._serve_read, self._wake)
         self._metrics.reply_bytes.set_function(lambda: self._replies.queued_bytes)
+        self._metrics.reply_buffers.set_function(lambda: self._pool.size().lent)
         metrics = self._config.metrics
         port = self._metrics.serve_http(metrics.host, metrics.port) if metrics.port >= 0 else None
         bound = Bound(endpoint, port, os.getpid())
@@ -215,12 +219,12 @@ class DaemonServer:
         return self.close()
 
     def _receive(self) -> None:
+        # Asking the socket whether a message waits is far cheaper than the zmq.Again a
+        # receive on an empty socket raises (it would cost one exception per wake-up).
         for _ in range(_RECV_BATCH):
-            try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            if not _readable(self._router):
                 return
-            self._handle(frames)
+            self._handle(self._router.recv_multipart(zmq.NOBLOCK, copy=False))
 
     def _handle(self, frames: Sequence[zmq.Frame]) -> None:
         identity, body = frames[0], frames[1:]
@@ -231,7 +235,7 @@ class DaemonServer:
         try:
             request = decode_request([frame.buffer for frame in body], self._limits)
             tenant = self._tenant(body[0])
-            self._metrics.tenant_requests.labels(tenant=tenant, op=request.op.value).inc()
+            self._metrics.tenant_request(tenant, request.op)
             reply = self._dispatch(identity, request, tenant, start, nbytes)
         except ProtocolError as exc:
             request_id = request.id if request is not None else exc.request_id
@@ -265,12 +269,18 @@ class DaemonServer:
         if request.op is Op.STATS:
             return self._stats(request, tenant)
         if request.op in (Op.EXISTS, Op.CONTAINS, Op.GET):
-            self._submit_read(ReadJob(identity.bytes, request, keys, tenant, start))
+            job = ReadJob(identity.bytes, request, keys, tenant, start)
+            done = self._from_memory(job)
+            if done is None:
+                self._submit_read(job)
+            else:
+                self._send(job.peer, done.reply, start, request.op, done.claimed)
             return None
         self._admit_write(request, nbytes)
         assert self._writer is not None
         pending = _Pending(identity, request, start, nbytes)
-        self._writer.submit(WriteJob(request.op, keys, request.pages, pending, tenant))
+        write = WriteJob(request.op, keys, request.pages, pending, tenant, request.keys)
+        self._writer.submit(write)
         self._in_flight += 1
         self._in_flight_bytes += nbytes
         self._metrics.in_flight.set(self._in_flight)
@@ -292,6 +302,32 @@ class DaemonServer:
         if not self._readers.submit(job):
             raise ProtocolError(ErrorCode.BUSY, "the daemon is stopping")
         self._metrics.queued_reads.set(self._readers.stats().queued)
+
+    def _from_memory(self, job: ReadJob) -> ReadDone | None:
+        """The answer to a read the memory tier holds in full, given on the socket thread
+        (no store I/O, no page copied: a GET's reply frames are the cached records);
+        None to queue it for the readers instead (a key not in memory, or a GET reply
+        that does not fit the reply budget or cap, whose partial answer readers give)."""
+        request = job.request
+        if request.op is not Op.GET:
+            if not self._store.all_cached(job.keys):
+                return None
+            if request.op is Op.EXISTS:
+                return ReadDone(job, ExistsReply(request.id, len(job.keys)))
+            return ReadDone(job, ContainsReply(request.id, (True,) * len(job.keys)))
+        records = self._store.cached(job.keys)
+        if records is None:
+            return None
+        sizes = [len(record) for record in records]
+        if sum(sizes) > self._limits.max_request_bytes:
+            return None
+        fits = self._replies.claim(job.peer, sizes)
+        if fits < len(sizes):
+            self._replies.unclaim(job.peer, sum(sizes[:fits]))
+            return None
+        self._metrics.looked_up(len(records), 0, 0)
+        reply = GetReply(request.id, (True,) * len(records), tuple(records))
+        return ReadDone(job, reply, sum(sizes))
 
     def _serve_read(self, job: ReadJob) -> ReadDone:
         """Answer one GET, EXISTS or CONTAINS (on a reader thread)."""
@@ -316,46 +352,46 @@ class DaemonServer:
         if room <= 0:
             raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
         cap = min(room, self._limits.max_request_bytes)
-        lookup = self._store.get(job.keys, job.request.keys, cap, job.tenant)
+        lookup = self._store.get(job.keys, job.request.keys, cap, job.tenant, self._pool)
+        try:
+            return self._reply_of(job, lookup, room)
+        except BaseException:  # no reply will hold the pool's buffers: they come back now
+            self._pool.give_back_all(self._pool.lent_out(lookup.records))
+            raise
+
+    def _reply_of(self, job: ReadJob, lookup: Lookup, room: int) -> ReadDone:
+        """The GET reply of what the store read, within the reply budget's ``room``."""
         records = lookup.records
         sizes = [len(record) for record in records if record is not None]
         fits = self._replies.claim(job.peer, sizes)
         if fits < len(sizes):  # other peers' readers claimed the total room meanwhile
             records = _keep_hits(records, fits)
+            kept = {id(record) for record in records if record is not None}
+            dropped = [r for r in lookup.records if r is not None and id(r) not in kept]
+            self._pool.give_back_all(self._pool.lent_out(dropped))
         pages = tuple(record for record in records if record is not None)
         truncated = lookup.truncated or fits < len(sizes)
         if truncated and not pages and room < self._limits.max_request_bytes:
             raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
         misses = len(job.keys) - len(pages)
-        self._metrics.lookups.labels(result="hit", tier="memory").inc(lookup.memory_hits)
-        self._metrics.lookups.labels(result="hit", tier="store").inc(lookup.store_hits)
-        self._metrics.lookups.labels(result="miss", tier="none").inc(misses)
+        self._metrics.looked_up(lookup.memory_hits, lookup.store_hits, misses)
         found = tuple(record is not None for record in records)
-        return ReadDone(job, GetReply(job.request.id, found, pages), sum(sizes[:fits]))
+        reply = GetReply(job.request.id, found, pages)
+        return ReadDone(job, reply, sum(sizes[:fits]), buffers=tuple(self._pool.lent_out(pages)))
 
     def _admit_write(self, request: Request, nbytes: int) -> None:
-        """BUSY over the in-flight bounds; MALFORMED for a page record that fails its check."""
+        """BUSY over the in-flight bounds. (A PUT's records are checked on the writer
+        thread: a checksum over every byte has no place on the socket thread.)"""
         server = self._config.server
         if (
             self._in_flight >= server.max_inflight_requests
             or self._in_flight_bytes + nbytes > server.max_inflight_bytes
         ):
             raise ProtocolError(ErrorCode.BUSY, "too many writes in flight; retry later")
-        if request.op is not Op.PUT:
-            return
-        for i, (key, record) in enumerate(zip(request.keys, request.pages, strict=True)):
-            verdict = check_record(record, key)
-            if verdict is not Verdict.OK:
-                raise ProtocolError(
-                    ErrorCode.MALFORMED, f"page record {i} fails its check: {verdict.value}"
-                )
 
     def _deliver(self) -> None:
-        while True:
-            try:
-                self._wake_in.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        while _readable(self._wake_in):
+            self._wake_in.recv(zmq.NOBLOCK)
         assert self._writer is not None
         for done in self._writer.take_done():
             self._finish_write(done)
@@ -367,7 +403,7 @@ class DaemonServer:
             job = read.job
             if read.failed:
                 self._metrics.read_failures.inc()
-            self._send(job.peer, read.reply, job.start, job.request.op, read.claimed)
+            self._send(job.peer, read.reply, job.start, job.request.op, read.claimed, read.buffers)
         self._metrics.queued_reads.set(self._readers.stats().queued)
 
     def _finish_write(self, done: WriteDone) -> None:
@@ -378,7 +414,9 @@ class DaemonServer:
         self._metrics.in_flight.set(self._in_flight)
         request = pending.request
         reply: Reply
-        if done.error:
+        if done.malformed:
+            reply = ErrorReply(request.id, ErrorCode.MALFORMED, done.error)
+        elif done.error:
             reply = ErrorReply(request.id, ErrorCode.INTERNAL, done.error)
         elif request.op is Op.PUT:
             reply = PutReply(request.id, done.stored)
@@ -393,14 +431,15 @@ class DaemonServer:
         start: float,
         op: Op | None,
         claimed: int = 0,
+        buffers: Sequence[memoryview] = (),
     ) -> None:
-        """Send ``reply``; a GET reply's ``claimed`` budget is held until ZeroMQ releases it."""
+        """Send ``reply``; a GET reply's ``claimed`` budget is held, and its pool ``buffers``
+        lent, until ZeroMQ releases it."""
         frames = encode_reply(reply)
         if isinstance(reply, ErrorReply):
             self._metrics.errors.labels(code=reply.code.value).inc()
         if op is not None:
-            self._metrics.requests.labels(op=op.value).inc()
-            self._metrics.latency.labels(op=op.value).observe(time.perf_counter() - start)
+            self._metrics.answered(op, time.perf_counter() - start)
         nbytes = sum(len(frame) for frame in frames)
         self._metrics.sent.inc(nbytes)
         peer = identity if isinstance(identity, bytes) else identity.bytes
@@ -417,9 +456,11 @@ class DaemonServer:
             logger.exception("reply not sent")
             tracker = None
         if tracker is not None:
-            self._replies.add(peer, tracker, claimed)
-        elif claimed:
+            self._replies.add(peer, tracker, claimed, buffers)
+            return
+        if claimed:
             self._replies.unclaim(peer, claimed)
+        self._pool.give_back_all(buffers)
 
     def close(self) -> bool:
         """Finish and answer queued writes, then close everything (idempotent; call it
@@ -450,6 +491,12 @@ class DaemonServer:
             logger.error("writer did not finish within the shutdown timeout")
         self._context.term()
         return finished
+
+
+def _readable(sock: zmq.Socket[bytes]) -> bool:
+    """Whether a message waits on ``sock`` (the socket thread owns it)."""
+    events = sock.getsockopt(zmq.EVENTS)
+    return isinstance(events, int) and bool(events & zmq.POLLIN)
 
 
 def _keep_hits(records: list[Frame | None], count: int) -> list[Frame | None]:

@@ -1,27 +1,26 @@
-"""DaemonStore: tenant-scoped page records in a memory LRU in front of an LmdbBackend."""
+"""DaemonStore: tenant-scoped page records in a memory LRU in front of a page store
+(``store.backend``: ``lmdb`` or ``disk``, a ``RecordStore``; the daemon does not care which)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol
 
 from hicache.config.daemon import StoreConfig
 from hicache.daemon.memory_lru import ByteLRU
+from hicache.daemon.record_store import RecordStore
+from hicache.daemon.store_slot import StoreSlot
 from storage_backends import StorageConfig
 from storage_backends.config import user_cache_dir
-from storage_backends.errors import StoreDamagedError
-from storage_backends.lmdb_backend import LmdbBackend
+from storage_backends.errors import StorageWriteError
 from storage_backends.page_format import HEADER_BYTES, Verdict, check_header, validate
 from storage_backends.remote.protocol import Frame
 
 logger = logging.getLogger(__name__)
-_R = TypeVar("_R")
 
-# GET keys read from LMDB per transaction, so a reply over its byte cap stops reading early.
-_READ_CHUNK = 16
 # Records smaller than this are copied before the memory tier keeps them (see _own).
 _COPY_BELOW = 64 << 10
 
@@ -85,79 +84,133 @@ def check_record(record: Frame, key: bytes) -> Verdict:
     return validate(memoryview(record), key, None)
 
 
+class ReplyBuffers(Protocol):
+    """Where a GET's store reads land: buffers the caller owns (the reply frames).
+
+    ``take`` and ``give_back`` are called on the reader thread that runs the GET.
+    """
+
+    def take(self, size: int) -> memoryview:
+        """A writable buffer of exactly ``size`` bytes."""
+        ...
+
+    def give_back(self, buffer: memoryview) -> None:
+        """A buffer from ``take`` that holds no page (its read missed)."""
+        ...
+
+
+class FreshBuffers:
+    """``ReplyBuffers`` as new memory for every read (the default of ``DaemonStore.get``)."""
+
+    def take(self, size: int) -> memoryview:
+        return memoryview(bytearray(size))
+
+    def give_back(self, buffer: memoryview) -> None:
+        buffer.release()
+
+
+def _read(
+    store: RecordStore, keys: list[bytes], sizes: list[int], buffers: ReplyBuffers
+) -> list[memoryview | None]:
+    """The records of ``keys`` read straight into buffers of their stored ``sizes``."""
+    dst = [buffers.take(size) for size in sizes]
+    try:
+        hits = store.get(keys, dst)
+    except BaseException:
+        for buffer in dst:
+            buffers.give_back(buffer)
+        raise
+    found: list[memoryview | None] = []
+    for buffer, hit in zip(dst, hits, strict=True):
+        if not hit:
+            buffers.give_back(buffer)
+        found.append(buffer if hit else None)
+    return found
+
+
+class _Where(NamedTuple):
+    """A GET's key found in the stores: which one (its place in the read order), how big."""
+
+    store: int
+    size: int
+
+
 class DaemonStore:
     """Page records (header + payload as the client framed them) by (tenant, key).
 
-    Thread-safety: ``exists``/``get``/``size`` may run on any thread while one
-    writer thread calls ``put``/``delete``; ``close`` once nothing else runs.
-    A store found damaged at run time is moved aside for an empty one and the
-    call is run there once more (a miss, or a write into the fresh store).
-    The LRU caches only committed records. Records are stored in LMDB as the
-    payload of an LMDB page, whose own checksum is verified on every read.
-    Raises what the LmdbBackend raises on open (StorageOpenError).
+    Thread-safety: ``exists``/``contains``/``get``/``size`` may run on any thread
+    while one writer thread calls ``put``/``delete``; ``close`` once nothing else
+    runs. A store found damaged at run time is moved aside for an empty one and
+    the call is run there once more (a miss, or a write into the fresh store);
+    one whose directory was deleted under the daemon is reopened empty before the
+    next write (``StoreSlot``). The LRU caches only committed records.
+
+    A tenant with a quota has a store of its own; the pages it wrote into the
+    shared store before it had one stay readable to it (GET, EXISTS, CONTAINS
+    fall back to the shared store) until the shared store evicts them; a PUT of
+    such a page keeps it there (the first page wins); DELETE removes from both.
+    Raises what opening a store raises (StorageOpenError).
     """
 
     def __init__(
         self, config: StoreConfig, max_page_bytes: int, quotas: Mapping[str, int] | None = None
     ) -> None:
         self._memory = ByteLRU(config.memory_bytes)
-        path = config.path
-        if not path:  # the per-user default, never the working directory
-            default = user_cache_dir() / "daemon-store"
-            default.parent.mkdir(parents=True, exist_ok=True)
-            path = str(default)
-        storage = StorageConfig(
-            backend="lmdb",
-            path=path,
-            max_bytes=config.max_bytes,
-            max_page_bytes=max_page_bytes,
-            sync=config.sync,
-        )
-        self._lmdb = LmdbBackend(storage)
+        storage = _storage_config(config, max_page_bytes)
+        self._shared = StoreSlot(storage)
         # A tenant with a quota has a store of its own beside the shared one, so that its
         # pages are evicted only by its own writes and never evict anyone else's.
-        self._tenants: dict[str, LmdbBackend] = {}
+        self._tenants: dict[str, StoreSlot] = {}
         try:
             for tenant, quota in (quotas or {}).items():
-                own = dataclasses.replace(storage, path=tenant_store_path(path, tenant))
-                self._tenants[tenant] = LmdbBackend(dataclasses.replace(own, max_bytes=quota))
+                path = tenant_store_path(storage.path, tenant)
+                own = dataclasses.replace(storage, path=path, max_bytes=quota)
+                self._tenants[tenant] = StoreSlot(own)
         except BaseException:
             self.close()
             raise
 
-    def _lmdb_for(self, tenant: str | None) -> LmdbBackend:
-        return self._tenants.get(tenant, self._lmdb) if tenant is not None else self._lmdb
+    def _stores(self, tenant: str | None) -> list[StoreSlot]:
+        """Where ``tenant``'s pages are read: its own store, then the shared one."""
+        own = self._tenants.get(tenant) if tenant is not None else None
+        return [self._shared] if own is None else [own, self._shared]
 
-    def _guarded(self, tenant: str | None, call: Callable[[LmdbBackend], _R]) -> _R:
-        """Run ``call`` on the tenant's store; a store found damaged is moved aside for an
-        empty one (logged, counted) and ``call`` runs once more there."""
-        lmdb = self._lmdb_for(tenant)
-        generation = lmdb.generation
-        try:
-            return call(lmdb)
-        except StoreDamagedError as exc:
-            lmdb.replace_damaged(str(exc), generation)
-        return call(lmdb)
+    def _present(self, keys: Sequence[bytes], tenant: str | None) -> list[bool]:
+        present = [key in self._memory for key in keys]
+        for slot in self._stores(tenant):
+            missing = [i for i, hit in enumerate(present) if not hit]
+            if not missing:
+                break
+            found = _contains_in(slot, [keys[i] for i in missing])
+            for i, hit in zip(missing, found, strict=True):
+                present[i] = hit
+        return present
 
     def exists(self, keys: Sequence[bytes], tenant: str | None = None) -> int:
         """How many leading (scoped) keys are present. Mutates nothing."""
-        return self._guarded(tenant, lambda lmdb: self._exists(lmdb, keys))
-
-    def _exists(self, lmdb: LmdbBackend, keys: Sequence[bytes]) -> int:
-        for count, key in enumerate(keys):
-            if key not in self._memory and not lmdb.exists([key]):
-                return count
-        return len(keys)
+        present = self._present(keys, tenant)
+        return present.index(False) if False in present else len(keys)
 
     def contains(self, keys: Sequence[bytes], tenant: str | None = None) -> list[bool]:
         """Per (scoped) key, whether it is present. Mutates nothing."""
-        return self._guarded(tenant, lambda lmdb: self._contains(lmdb, keys))
+        return self._present(keys, tenant)
 
-    def _contains(self, lmdb: LmdbBackend, keys: Sequence[bytes]) -> list[bool]:
-        cached = [key in self._memory for key in keys]
-        stored = lmdb.contains([key for key, hit in zip(keys, cached, strict=True) if not hit])
-        answers = iter(stored)
-        return [hit or next(answers) for hit in cached]
+    def cached(self, keys: Sequence[bytes]) -> list[Frame] | None:
+        """The records of every (scoped) key when the memory tier holds them all (each
+        made most recently used), else None: an answer without store I/O, cheap enough
+        for the socket thread. Thread-safe."""
+        records: list[Frame] = []
+        for key in keys:
+            record = self._memory.get(key)
+            if record is None:
+                return None
+            records.append(record)
+        return records
+
+    def all_cached(self, keys: Sequence[bytes]) -> bool:
+        """Whether the memory tier holds every (scoped) key (so each is present). Mutates
+        nothing; thread-safe."""
+        return all(key in self._memory for key in keys)
 
     def get(
         self,
@@ -165,43 +218,57 @@ class DaemonStore:
         client_keys: Sequence[bytes],
         max_bytes: int,
         tenant: str | None = None,
+        buffers: ReplyBuffers | None = None,
     ) -> Lookup:
-        """Records of scoped ``keys``; store hits are checked and then cached in memory.
+        """Records of scoped ``keys``: from memory (the cached objects themselves), else
+        read from the store straight into buffers taken from ``buffers`` (default: fresh
+        memory, and such hits are then cached in memory too; with the caller's buffers
+        they are not, since the caller reuses them). Buffers of reads that missed, or
+        whose record fails its header check, are given back before this returns.
 
         The records returned add up to at most ``max_bytes``: from the first key
         that would exceed it, every later key is reported as a miss (and not read).
         """
-        return self._guarded(tenant, lambda lmdb: self._get(lmdb, keys, client_keys, max_bytes))
-
-    def _get(
-        self,
-        lmdb: LmdbBackend,
-        keys: Sequence[bytes],
-        client_keys: Sequence[bytes],
-        max_bytes: int,
-    ) -> Lookup:
         records: list[Frame | None] = [self._memory.get(key) for key in keys]
         from_memory = [record is not None for record in records]
         generation = self._memory.generation
-        used = 0
-        for start in range(0, len(keys), _READ_CHUNK):
-            chunk = range(start, min(start + _READ_CHUNK, len(keys)))
-            missing = [i for i in chunk if records[i] is None]
-            stored = lmdb.read([keys[i] for i in missing]) if missing else []
-            for i, record in zip(missing, stored, strict=True):
-                if record is not None and self._intact(record, client_keys[i]):
+        slots = self._stores(tenant)
+        where = self._locate(keys, records, slots)
+        cut = _cut(records, where, max_bytes)
+        records[cut:] = [None] * (len(keys) - cut)
+        source = buffers or FreshBuffers()
+        for n, slot in enumerate(slots):
+            wanted = [i for i, found in enumerate(where[:cut]) if found and found.store == n]
+            if not wanted:
+                continue
+            read = _read_in(slot, [keys[i] for i in wanted], [where[i] for i in wanted], source)
+            for i, record in zip(wanted, read, strict=True):
+                if record is not None and not self._intact(record, client_keys[i]):
+                    source.give_back(record)
+                elif record is not None:
                     records[i] = record
-                    self._memory.put(keys[i], record, generation)
-            for i in chunk:
-                used += len(records[i] or b"")
-                if used > max_bytes:
-                    records[i:] = [None] * (len(keys) - i)
-                    return _lookup(records, from_memory, truncated=True)
-        return _lookup(records, from_memory, truncated=False)
+                    if buffers is None:
+                        self._memory.put(keys[i], record, generation)
+        return _lookup(records, from_memory, truncated=cut < len(keys))
+
+    def _locate(
+        self, keys: Sequence[bytes], records: list[Frame | None], slots: list[StoreSlot]
+    ) -> list[_Where | None]:
+        """Per key not in memory, the first store that holds it and its stored size."""
+        where: list[_Where | None] = [None] * len(keys)
+        for n, slot in enumerate(slots):
+            missing = [i for i, r in enumerate(records) if r is None and where[i] is None]
+            if not missing:
+                break
+            sizes = _sizes_in(slot, [keys[i] for i in missing])
+            for i, size in zip(missing, sizes, strict=True):
+                if size is not None:
+                    where[i] = _Where(n, size)
+        return where
 
     @staticmethod
-    def _intact(record: bytes, client_key: bytes) -> bool:
-        # The LMDB checksum covered these bytes; this only rechecks the client's header.
+    def _intact(record: Frame, client_key: bytes) -> bool:
+        # The store's checksum covered these bytes; this only rechecks the client's header.
         verdict = check_header(record, client_key, len(record) - HEADER_BYTES, None)
         if verdict is not Verdict.OK:
             logger.warning("stored record does not match its key (%s); reported a miss", verdict)
@@ -210,42 +277,44 @@ class DaemonStore:
     def put(
         self, keys: Sequence[bytes], records: Sequence[Frame], tenant: str | None = None
     ) -> list[bool]:
-        """Commit records (one LMDB transaction), then cache them; per-key success."""
-        return self._guarded(tenant, lambda lmdb: self._put(lmdb, keys, records))
-
-    def _put(
-        self, lmdb: LmdbBackend, keys: Sequence[bytes], records: Sequence[Frame]
-    ) -> list[bool]:
+        """Commit records (one store transaction), then cache them; per-key success.
+        A key already held (memory, or a store the tenant reads) keeps its first page."""
         views = [memoryview(record) for record in records]
-        # A key already held (or repeated in this batch) keeps its first page, as in LMDB.
-        held = {key for key in keys if key in self._memory or lmdb.exists([key]) == 1}
-        stored = lmdb.put(keys, views)
-        for key, record, ok in zip(keys, records, stored, strict=True):
-            if ok and key not in held:
-                self._memory.put(key, _own(record))
-                held.add(key)
-        return stored
+        held = self._present(keys, tenant)
+        new = [i for i, hit in enumerate(held) if not hit]
+        target = self._stores(tenant)[0]
+        stored = target.run_write(
+            lambda store: store.put([keys[i] for i in new], [views[i] for i in new])
+        )
+        results = [True] * len(keys)
+        cached: set[bytes] = set()
+        for i, ok in zip(new, stored, strict=True):
+            results[i] = ok
+            if ok and keys[i] not in cached:  # a key repeated in the batch: the first wins
+                self._memory.put(keys[i], _own(records[i]))
+                cached.add(keys[i])
+        return results
 
     def delete(self, keys: Sequence[bytes], tenant: str | None = None) -> int:
-        """Remove scoped keys from both tiers; return how many were present in either.
+        """Remove scoped keys from memory and every store the tenant reads; return how
+        many were present in any of them.
 
-        LMDB first, then memory: the memory pop bumps the LRU's generation after the
+        Stores first, then memory: the memory pop bumps the LRU's generation after the
         delete committed, so a concurrent read-through that read the old page cannot
-        cache it again. Raises StorageWriteError (nothing deleted) if LMDB failed.
+        cache it again. Raises StorageWriteError when a key is still stored after the
+        store's delete (it did not commit), before memory is touched.
         """
-        return self._guarded(tenant, lambda lmdb: self._delete(lmdb, keys))
-
-    def _delete(self, lmdb: LmdbBackend, keys: Sequence[bytes]) -> int:
         unique = list(dict.fromkeys(keys))
-        stored = {key for key in unique if lmdb.exists([key]) == 1}
-        lmdb.remove(unique)
+        stored: set[bytes] = set()
+        for slot in self._stores(tenant):
+            stored |= slot.run_write(lambda store: _delete(store, unique))
         cached = {key for key in unique if self._memory.pop(key)}
         return len(stored | cached)
 
     def size(self) -> StoreSize:
         """The memory tier and every store together."""
         memory = self._memory.size()
-        stores = [self._lmdb.stats(), *(own.stats() for own in self._tenants.values())]
+        stores = [slot.stats() for slot in (self._shared, *self._tenants.values())]
         return StoreSize(
             memory.entries,
             memory.bytes_used,
@@ -270,4 +339,58 @@ class DaemonStore:
     def close(self) -> None:
         for own in self._tenants.values():
             own.close()
-        self._lmdb.close()
+        self._shared.close()
+
+
+def _storage_config(config: StoreConfig, max_page_bytes: int) -> StorageConfig:
+    """The shared store's StorageConfig (an empty path: the per-user default, never the
+    working directory)."""
+    path = config.path
+    if not path:
+        default = user_cache_dir() / "daemon-store"
+        default.parent.mkdir(parents=True, exist_ok=True)
+        path = str(default)
+    return StorageConfig(
+        backend=config.backend,
+        path=path,
+        max_bytes=config.max_bytes,
+        max_page_bytes=max_page_bytes,
+        sync=config.sync,
+    )
+
+
+def _contains_in(slot: StoreSlot, keys: list[bytes]) -> list[bool]:
+    return slot.run(lambda store: store.contains(keys))
+
+
+def _sizes_in(slot: StoreSlot, keys: list[bytes]) -> list[int | None]:
+    return slot.run(lambda store: store.sizes(keys))
+
+
+def _read_in(
+    slot: StoreSlot, keys: list[bytes], where: list[_Where | None], buffers: ReplyBuffers
+) -> list[memoryview | None]:
+    sizes = [found.size for found in where if found is not None]
+    return slot.run(lambda store: _read(store, keys, sizes, buffers))
+
+
+def _cut(records: list[Frame | None], where: list[_Where | None], max_bytes: int) -> int:
+    """How many leading keys of a GET fit ``max_bytes`` (memory and stored sizes)."""
+    used = 0
+    for i, (record, found) in enumerate(zip(records, where, strict=True)):
+        used += len(record) if record is not None else (found.size if found is not None else 0)
+        if used > max_bytes:
+            return i
+    return len(records)
+
+
+def _delete(store: RecordStore, keys: list[bytes]) -> set[bytes]:
+    """Delete ``keys`` from ``store``; the ones that were present. StorageWriteError when
+    any is still there afterwards (the delete did not commit)."""
+    present = {key for key, hit in zip(keys, store.contains(keys), strict=True) if hit}
+    if not present:
+        return present
+    store.delete(keys)
+    if any(store.contains(keys)):
+        raise StorageWriteError(f"delete of {len(keys)} pages did not commit")
+    return present

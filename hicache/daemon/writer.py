@@ -8,7 +8,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from hicache.daemon.store import DaemonStore
+from hicache.daemon.store import DaemonStore, check_record
+from storage_backends.page_format import Verdict
 from storage_backends.remote.protocol import Frame, Op
 
 logger = logging.getLogger(__name__)
@@ -22,15 +23,18 @@ class WriteJob(NamedTuple):
     records: tuple[Frame, ...]  # PUT only
     token: object
     tenant: str | None = None  # picks the tenant's own store when it has a quota
+    client_keys: tuple[bytes, ...] = ()  # PUT: each record's header and checksum must match
 
 
 class WriteDone(NamedTuple):
-    """Outcome of one job: ``stored`` (PUT) or ``deleted`` (DELETE), or ``error`` text."""
+    """Outcome of one job: ``stored`` (PUT) or ``deleted`` (DELETE), or ``error`` text;
+    ``malformed``: a PUT refused before any write because a record failed its check."""
 
     job: WriteJob
     stored: tuple[bool, ...] = ()
     deleted: int = 0
     error: str = ""
+    malformed: bool = False
 
 
 class WriterStats(NamedTuple):
@@ -42,7 +46,10 @@ class WriterStats(NamedTuple):
 class Writer:
     """Applies jobs in arrival order on its own thread and hands back ``WriteDone`` records.
 
-    ``submit`` and ``take_done`` may be called from any thread; ``notify`` is
+    A PUT's records are checked (header and checksum against ``client_keys``)
+    here, off the socket thread, before anything is written: a PUT with one bad
+    record stores nothing and completes ``malformed``; the others of its batch
+    commit as usual. ``submit`` and ``take_done`` may be called from any thread; ``notify`` is
     called (on the writer thread) after each batch of completions. A failing
     batch becomes error completions and the thread carries on (counted in
     ``stats``). ``close`` finishes every submitted job first.
@@ -83,6 +90,9 @@ class Writer:
     def _run(self) -> None:
         while True:
             batch, stop = self._next_batch()
+            refused = len(batch)
+            batch = self._admit(batch)
+            refused -= len(batch)
             start = 0
             while start < len(batch):
                 end = start + 1
@@ -97,10 +107,21 @@ class Writer:
                 for done in self._apply(batch[start:end]):
                     self._done.put(done)
                 start = end
-            if batch:
+            if batch or refused:
                 self._notify()
             if stop:
                 return
+
+    def _admit(self, batch: list[WriteJob]) -> list[WriteJob]:
+        """The jobs whose records pass their check; the others completed as malformed."""
+        kept: list[WriteJob] = []
+        for job in batch:
+            bad = _bad_record(job) if job.op is Op.PUT else ""
+            if bad:
+                self._done.put(WriteDone(job, error=bad, malformed=True))
+            else:
+                kept.append(job)
+        return kept
 
     def _next_batch(self) -> tuple[list[WriteJob], bool]:
         """Block for one job, then take every job already waiting (group commit)."""
@@ -134,3 +155,12 @@ class Writer:
             out.append(WriteDone(job, stored=tuple(stored[offset : offset + len(job.keys)])))
             offset += len(job.keys)
         return out
+
+
+def _bad_record(job: WriteJob) -> str:
+    """Why a PUT's record fails its check against its client key ("" when all pass)."""
+    for i, (key, record) in enumerate(zip(job.client_keys, job.records, strict=False)):
+        verdict = check_record(record, key)
+        if verdict is not Verdict.OK:
+            return f"page record {i} fails its check: {verdict.value}"
+    return ""

@@ -12,11 +12,12 @@ can serve another once the pages in front of it are gone too.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import lmdb
 
-from storage_backends.disk.layout import CLASS_BYTES, Slot, SlotClass, round_up
+from storage_backends.disk.layout import CLASS_BYTES, Slot, SlotClass, SlotRun, round_up
 
 TAIL_PREFIX = b"tail:"
 _ALLOCATED = b"allocated"
@@ -29,6 +30,20 @@ def u64(value: int) -> bytes:
 
 def from_u64(raw: bytes | memoryview | None) -> int:
     return int.from_bytes(raw, "big") if raw is not None else 0
+
+
+def _end(run: SlotRun, cls: SlotClass) -> int:
+    return run.offset + run.n_slots * cls.stride
+
+
+def _candidates(tails: dict[int, int]) -> Iterator[int]:
+    """Segments a bump may extend, in order: those in use and the first unused one, then
+    the further unused ones (a batch may fill more than one new segment; the caller
+    stops at ``max_bytes``)."""
+    used = {n for n, tail in tails.items() if tail}
+    unused = (n for n in itertools.count() if n not in used)
+    yield from sorted(used | {next(unused)})
+    yield from unused
 
 
 class FreeDbs(NamedTuple):
@@ -54,27 +69,35 @@ class Allocator:
         self._tails: dict[int, int] | None = None
         self._changed: set[int] = set()
 
-    def take(self, cls: SlotClass, count: int) -> list[Slot]:
-        """Up to ``count`` slots of ``cls``: free ones first, then runs bumped from segment
-        tails, stopping where more would allocate beyond ``max_bytes`` plus one slot."""
-        slots = self._pop_free(cls, count)
-        if len(slots) < count and cls.stride <= self._segment_bytes:
-            slots += self._bump(cls, count - len(slots))
-        return slots
+    def take(self, cls: SlotClass, count: int) -> list[SlotRun]:
+        """Up to ``count`` slots of ``cls`` as runs of adjacent slots: free ones first (in
+        slot order), then runs bumped from segment tails, stopping where more would
+        allocate beyond ``max_bytes`` plus one slot."""
+        runs = self._pop_free(cls, count)
+        taken = sum(run.n_slots for run in runs)
+        if taken < count and cls.stride <= self._segment_bytes:
+            runs += self._bump(cls, count - taken)
+        return runs
 
-    def _pop_free(self, cls: SlotClass, count: int) -> list[Slot]:
+    def _pop_free(self, cls: SlotClass, count: int) -> list[SlotRun]:
         prefix = cls.pack()
         cursor = self._txn.cursor(db=self._dbs.by_class)
-        slots: list[Slot] = []
+        runs: list[SlotRun] = []
         if not cursor.set_range(prefix):
-            return slots
-        while len(slots) < count and bytes(cursor.key()).startswith(prefix):
+            return runs
+        taken = 0
+        while taken < count and bytes(cursor.key()).startswith(prefix):
             slot = Slot.unpack(bytes(cursor.key())[CLASS_BYTES:])
             self._txn.delete(slot.pack(), db=self._dbs.free)
-            slots.append(slot)
+            taken += 1
+            last = runs[-1] if runs else None
+            if last and last.segment == slot.segment and _end(last, cls) == slot.offset:
+                runs[-1] = last._replace(n_slots=last.n_slots + 1)
+            else:
+                runs.append(SlotRun(slot.segment, slot.offset, 1))
             if not cursor.delete():  # moves to the next entry; False at the end
                 break
-        return slots
+        return runs
 
     def _tail_map(self) -> dict[int, int]:
         if self._tails is None:
@@ -96,29 +119,27 @@ class Allocator:
         self._tail_map()[segment] = tail
         self._changed.add(segment)
 
-    def _bump(self, cls: SlotClass, count: int) -> list[Slot]:
+    def _bump(self, cls: SlotClass, count: int) -> list[SlotRun]:
         """Runs of new slots at segment tails with room, in segment order."""
-        tails = self._tail_map()
-        unused = next(n for n in itertools.count() if tails.get(n, 0) == 0)
-        slots: list[Slot] = []
-        for segment in sorted({*(n for n, t in tails.items() if t), unused}):
+        runs: list[SlotRun] = []
+        for segment in _candidates(self._tail_map()):
             tail = self._tail(segment)
             start = round_up(tail, cls.align)
             room = self._max_bytes + cls.stride - self.allocated - (start - tail)
-            fit = min(count - len(slots), (self._segment_bytes - start) // cls.stride)
-            fit = min(fit, room // cls.stride)
+            fit = min(count, (self._segment_bytes - start) // cls.stride, room // cls.stride)
             if fit <= 0:
                 if room < cls.stride:
                     break  # the store is allocated up to max_bytes
                 continue
             if start > tail:  # the alignment gap is free space of its own (trimmed later)
                 self._add_free(Slot(segment, tail), SlotClass(start - tail, _FILLER_ALIGN))
-            slots += [Slot(segment, start + n * cls.stride) for n in range(fit)]
+            runs.append(SlotRun(segment, start, fit))
             self._set_tail(segment, start + fit * cls.stride)
             self.allocated += start + fit * cls.stride - tail
-            if len(slots) == count:
+            count -= fit
+            if count == 0:
                 break
-        return slots
+        return runs
 
     def _add_free(self, slot: Slot, cls: SlotClass) -> None:
         self._txn.put(slot.pack(), cls.pack(), db=self._dbs.free)

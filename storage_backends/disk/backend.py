@@ -1,23 +1,16 @@
 """DiskBackend: page records in segment files, located through an LMDB index.
 
-A put reserves slots in one index transaction (evicting least recently used
-pages for room), writes the records with one ``pwritev`` per run of adjacent slots
-(``runs``) on the I/O pool, then
-commits the batch's index entries in a second, small transaction: a crash in
-between leaves reserved slots that no key points at (reclaimed once their
-process is gone), never a key pointing at half a page. Gets are ``reads``'s.
+A put is one index write transaction around the batch's record writes (``writes``);
+gets are ``reads``'s. The backend opens, checks and closes the store and holds what
+the two paths share.
 """
 
 from __future__ import annotations
 
-import enum
-import itertools
 import logging
-import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 import lmdb
 
@@ -25,17 +18,16 @@ from storage_backends.base import StorageStats
 from storage_backends.batch import check_batch, check_keys
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
-from storage_backends.disk.index import DiskIndex, IndexWriter, Owner, Reserved
+from storage_backends.disk.index import DiskIndex
 from storage_backends.disk.io_pool import IoPool
-from storage_backends.disk.layout import INDEX_DIR, Slot, SlotClass, slot_class
+from storage_backends.disk.layout import INDEX_DIR
 from storage_backends.disk.owners import Ownership
 from storage_backends.disk.reads import DiskReads, ReadContext
-from storage_backends.disk.runs import Extent, Run, gap, plan_runs
 from storage_backends.disk.segments import SegmentFiles, check_direct_io
+from storage_backends.disk.writes import DiskWrites, FaultHook, WriteContext
 from storage_backends.errors import StorageClosedError, StoreDamagedError
 from storage_backends.lmdb_check import check_store
 from storage_backends.log_limit import LogLimiter
-from storage_backends.page_format import HEADER_BYTES, build_header
 from storage_backends.recency import PendingTouches
 from storage_backends.store_dir import prepare_store_dir, quarantine_store
 
@@ -49,39 +41,6 @@ logger = logging.getLogger(__name__)
 # stuck, not an index that is merely large.
 _MIN_CHECK_S = 60.0
 _CHECK_BYTES_PER_S = 16 << 20
-
-
-class PutPhase(enum.Enum):
-    """Points of a put where ``DiskBackend.fault_hook`` is called (crash tests)."""
-
-    BEFORE_DATA = "before_data"  # slots reserved and committed, no record written
-    AFTER_DATA = "after_data"  # records written, their index entries not committed
-    IN_COMMIT = "in_commit"  # inside the index transaction, before it commits
-
-
-class _Page(NamedTuple):
-    pos: int  # position in the batch
-    key: bytes
-    view: memoryview
-
-
-class _Planned(NamedTuple):
-    pos: int  # position in the batch
-    key: bytes
-    view: memoryview
-    slot: Slot
-    cls: SlotClass
-
-    @property
-    def payload_len(self) -> int:
-        return len(self.view)
-
-
-class _Plan(NamedTuple):
-    results: list[bool]
-    writes: list[_Planned]
-    evictions: int
-    owner: Owner
 
 
 class DiskBackend:
@@ -108,12 +67,21 @@ class DiskBackend:
         self._write_lock = threading.Lock()
         self._touches = PendingTouches()
         self._closed = False
-        self._pid = os.getpid()
-        self._batches = itertools.count()
-        self.fault_hook: Callable[[PutPhase], None] | None = None
         self._reads = DiskReads(
             ReadContext(
                 self._root,
+                self._index,
+                self._segments,
+                self._pool,
+                self._counters,
+                self._log,
+                self._touches,
+                self._write_lock,
+            )
+        )
+        self._writes = DiskWrites(
+            WriteContext(
+                config,
                 self._index,
                 self._segments,
                 self._pool,
@@ -190,6 +158,14 @@ class DiskBackend:
         check_keys(keys)
         return self._index.contains(keys)
 
+    def sizes(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Each key's stored payload length, None when absent (one index read, no data
+        read, mutates nothing): what a reader that does not know the page sizes (the
+        daemon) allocates before ``get``. A page replaced meanwhile is a miss of ``get``."""
+        self._check_open()
+        check_keys(keys)
+        return self._index.payload_sizes(keys)
+
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self._check_open()
         return self._reads.get(keys, dst)
@@ -209,169 +185,16 @@ class DiskBackend:
             return []
         with self._write_lock:
             self._check_open()
-            plan = self._reserve(keys, views)
-        stored = 0
-        if plan.writes:
-            self._fault(PutPhase.BEFORE_DATA)
-            written = self._write(plan.writes)
-            self._fault(PutPhase.AFTER_DATA)
-            with self._write_lock:
-                stored = self._commit(plan, written)
-        failures = plan.results.count(False)
-        self._counters.record_put(stored, failures, plan.evictions)
-        return plan.results
+            return self._writes.put_locked(keys, views)
 
-    def _fault(self, phase: PutPhase) -> None:
-        if self.fault_hook is not None:
-            self.fault_hook(phase)
+    @property
+    def fault_hook(self) -> FaultHook | None:
+        """Called with each ``PutPhase`` of a put (crash tests); None in use."""
+        return self._writes.fault_hook
 
-    def _reserve(self, keys: Sequence[bytes], views: list[memoryview]) -> _Plan:
-        """Transaction 1: queued touches, then reserved slots for the new pages."""
-        results = [False] * len(keys)
-        owner = Owner(self._pid, next(self._batches))
-        try:
-            with self._index.writing() as writer:
-                for key in self._touches.take():
-                    writer.touch(key)
-                new = self._new_pages(writer, keys, views, results)
-                kept, given_up = self._fitting(new)
-                writes = self._reserve_slots(writer, kept)
-                writer.pend(owner, [Reserved(w.slot, w.cls) for w in writes])
-        except lmdb.Error as exc:
-            self._log.failure("disk store index is full or failing; puts refused", exc)
-            return _Plan([False] * len(keys), [], 0, owner)
-        self._counters.note_removed(writer.removed + [page.key for page in given_up])
-        for page in given_up:
-            results[page.pos] = True
-        return _Plan(results, writes, writer.evictions + len(given_up), owner)
-
-    def _new_pages(
-        self,
-        writer: IndexWriter,
-        keys: Sequence[bytes],
-        views: list[memoryview],
-        results: list[bool],
-    ) -> list[_Page]:
-        """The batch's pages not stored yet (present ones are touched and reported stored)."""
-        seen: set[bytes] = set()
-        new: list[_Page] = []
-        for i, (key, view) in enumerate(zip(keys, views, strict=True)):
-            if key in seen or writer.has(key):
-                writer.touch(key)
-                results[i] = True  # a duplicate in the batch: the first one decides
-                continue
-            seen.add(key)
-            record = HEADER_BYTES + len(view)
-            if len(view) <= self._config.max_page_bytes and record <= self._config.max_bytes:
-                new.append(_Page(i, key, view))
-        return new
-
-    def _fitting(self, pages: list[_Page]) -> tuple[list[_Page], list[_Page]]:
-        """(the last pages whose records fit ``max_bytes`` together, the earlier ones): a
-        batch larger than the store keeps its newest pages, as if the older ones had been
-        stored and evicted."""
-        total = 0
-        for n in range(len(pages) - 1, -1, -1):
-            total += HEADER_BYTES + len(pages[n].view)
-            if total > self._config.max_bytes:
-                return pages[n + 1 :], pages[: n + 1]
-        return pages, []
-
-    def _reserve_slots(self, writer: IndexWriter, pages: list[_Page]) -> list[_Planned]:
-        """Slots for ``pages``, one run per size class; pages left without one fail."""
-        by_len: dict[int, list[_Page]] = {}  # a batch usually holds one page size
-        for page in pages:
-            by_len.setdefault(len(page.view), []).append(page)
-        by_class: dict[SlotClass, list[_Page]] = {}
-        for length, group in by_len.items():
-            by_class.setdefault(slot_class(length, self._config.direct_io), []).extend(group)
-        writes: list[_Planned] = []
-        for cls, group in by_class.items():
-            records = HEADER_BYTES * len(group) + sum(len(page.view) for page in group)
-            slots = writer.reserve(cls, len(group), records)
-            writes += [
-                _Planned(p.pos, p.key, p.view, s, cls)
-                for p, s in zip(group[: len(slots)], slots, strict=True)
-            ]
-        return writes
-
-    def _write(self, writes: list[_Planned]) -> list[bool]:
-        """The records, one ``pwritev`` per run of adjacent slots, runs on the I/O pool
-        (data fsynced first at ``sync = "full"``)."""
-        extents = [
-            Extent(w.slot.segment, w.slot.offset, HEADER_BYTES + len(w.view), w.cls.stride)
-            for w in writes
-        ]
-        planned = plan_runs(extents, 3, self._config.io_threads)  # header, payload, gap
-        grown = self._grow(planned, extents)
-        outcomes = self._pool.map(lambda run: self._write_run(run, writes), grown)
-        result = [False] * len(writes)
-        for run, fine in zip(grown, outcomes, strict=True):
-            for member in run.members:
-                result[member] = fine
-        if self._config.sync_level.fsync_data and any(result):
-            try:
-                self._segments.sync()
-            except OSError as exc:
-                self._log.failure("disk store fsync failed; the batch is not stored", exc)
-                return [False] * len(writes)
-        return result
-
-    def _grow(self, runs: list[Run], extents: list[Extent]) -> list[Run]:
-        """Allocate file blocks under the runs' slots; return the runs whose segment
-        could grow (a full disk fails the pages of the others)."""
-        ends: dict[int, int] = {}
-        for run in runs:
-            last = extents[run.members[-1]]
-            ends[run.segment] = max(ends.get(run.segment, 0), last.offset + last.stride)
-        failed: set[int] = set()
-        for segment, end in ends.items():
-            try:
-                self._segments.reserve(segment, end)
-            except OSError as exc:
-                self._log.failure("disk store segment cannot grow (disk full?)", exc)
-                failed.add(segment)
-        return [run for run in runs if run.segment not in failed]
-
-    def _write_run(self, run: Run, writes: list[_Planned]) -> bool:
-        """Write a run's records (header, payload, zeros up to the next slot)."""
-        bufs: list[bytes | memoryview] = []
-        for n, member in enumerate(run.members):
-            w = writes[member]
-            bufs += [build_header(w.key, w.view), w.view]
-            record = HEADER_BYTES + len(w.view)
-            if n + 1 < len(run.members) and w.cls.stride > record:
-                bufs.append(gap(w.cls.stride - record))
-        try:
-            self._segments.write(run.segment, run.offset, bufs)
-        except OSError as exc:
-            self._log.failure("disk store write failed; the pages are not stored", exc)
-            return False
-        return True
-
-    def _commit(self, plan: _Plan, written: list[bool]) -> int:
-        """Transaction 2: the written pages' index entries; failed slots go back."""
-        stored = 0
-        try:
-            with self._index.writing() as writer:
-                self._fault(PutPhase.IN_COMMIT)
-                writer.settle(plan.owner)
-                done = [w for w, ok in zip(plan.writes, written, strict=True) if ok]
-                added = writer.insert_new(done)
-                stored = sum(added)
-                # Slots of failed writes, and of pages another process stored meanwhile.
-                unused = [w for w, ok in zip(plan.writes, written, strict=True) if not ok]
-                unused += [w for w, fresh in zip(done, added, strict=True) if not fresh]
-                for w in unused:
-                    writer.alloc.release(w.slot, w.cls)
-                for w, ok in zip(plan.writes, written, strict=True):
-                    plan.results[w.pos] = ok
-        except lmdb.Error as exc:
-            self._log.failure("disk store index commit failed; the batch is not stored", exc)
-            for w in plan.writes:
-                plan.results[w.pos] = False
-            return 0
-        return stored
+    @fault_hook.setter
+    def fault_hook(self, hook: FaultHook | None) -> None:
+        self._writes.fault_hook = hook
 
     # -- the rest ------------------------------------------------------------------------
 

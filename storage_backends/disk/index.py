@@ -4,9 +4,11 @@ Sub-databases (small values only): ``pages`` (key -> ``Location``), ``lru``
 (8-byte big-endian stamp -> key, so a cursor's first entry is the least recently
 used), ``meta`` (format version, fingerprint, bytes used: header + payload of every
 page, as the other backends count; segment tails),
-``free``/``free_class`` (the allocator's free slots) and ``pending`` (slots
-reserved by a put whose data is being written: owner (pid, batch) -> its slots; a
-crash leaves them there, and they are reclaimed once their process is gone).
+``free``/``free_class`` (the allocator's free slots) and ``pending`` (owner (pid,
+batch) -> slots reserved by a put of an earlier version of this store, which
+committed a reservation before writing; a crash left them there, and they are
+reclaimed once their process is gone. Puts now write inside their one
+transaction and leave nothing here).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import lmdb
 
@@ -28,6 +30,7 @@ from storage_backends.disk.layout import (
     Location,
     Slot,
     SlotClass,
+    SlotRun,
 )
 from storage_backends.errors import StorageOpenError, StoreDamagedError
 from storage_backends.page_format import HEADER_BYTES
@@ -44,6 +47,7 @@ _MAX_MAP = 1 << 46  # 64 TiB of address space (x86-64 user space is 128 TiB)
 # slot's two entries, and room for copy-on-write pages of a commit.
 INDEX_BYTES_PER_PAGE = 512
 _OWNER = struct.Struct(">IQ")
+_STAMP = struct.Struct(">Q")  # lru keys: big-endian, so a cursor walks them oldest first
 # LMDB errors that mean the index's structure (not one call) is broken.
 DAMAGE_ERRORS = (
     lmdb.CorruptedError,
@@ -94,11 +98,6 @@ class Reserved(NamedTuple):
 _RESERVED = struct.Struct(">IQIH")  # Slot.pack() + SlotClass.pack(), in one call a slot
 
 
-def _pack_reserved(reserved: Sequence[Reserved]) -> bytes:
-    pack = _RESERVED.pack
-    return b"".join([pack(*r.slot, *r.cls) for r in reserved])
-
-
 def _unpack_reserved(raw: bytes) -> list[Reserved]:
     whole = len(raw) - len(raw) % _RESERVED.size  # a damaged tail is ignored, as before
     return [
@@ -120,19 +119,6 @@ class Owner(NamedTuple):
     def unpack(raw: bytes) -> Owner:
         pid, batch = _OWNER.unpack_from(raw)
         return Owner(pid, batch)
-
-
-class NewPage(Protocol):
-    """A written page to index."""
-
-    @property
-    def key(self) -> bytes: ...
-    @property
-    def slot(self) -> Slot: ...
-    @property
-    def cls(self) -> SlotClass: ...
-    @property
-    def payload_len(self) -> int: ...
 
 
 class IndexWriter:
@@ -160,6 +146,11 @@ class IndexWriter:
 
     def has(self, key: bytes) -> bool:
         return self._txn.get(key, db=self._dbs.pages) is not None
+
+    def present(self, keys: Sequence[bytes]) -> list[bool]:
+        """Per key, whether the index holds it."""
+        get, db = self._txn.get, self._dbs.pages
+        return [get(key, db=db) is not None for key in keys]
 
     def _stamp(self) -> int:
         stamp = self._next_stamp
@@ -223,43 +214,42 @@ class IndexWriter:
             cursor.delete()  # a stamp without a page: drop it so the loop advances
         return False
 
-    def reserve(self, cls: SlotClass, count: int, record_bytes: int) -> list[Slot]:
-        """Up to ``count`` slots of ``cls`` for records of ``record_bytes`` in all, evicting
-        least recently used pages until the records and the slots fit ``max_bytes``."""
+    def reserve(self, cls: SlotClass, count: int, record_bytes: int) -> list[SlotRun]:
+        """Up to ``count`` slots of ``cls`` (as runs) for records of ``record_bytes`` in
+        all, evicting least recently used pages until records and slots fit ``max_bytes``."""
         while self.bytes_used + self.reserved + record_bytes > self._max_bytes:
             if not self.evict_one():
                 break
-        slots = self.alloc.take(cls, count)
-        while len(slots) < count and self.evict_one():
-            slots += self.alloc.take(cls, count - len(slots))
-        self.reserved += record_bytes * len(slots) // count
-        return slots
+        runs = self.alloc.take(cls, count)
+        taken = sum(run.n_slots for run in runs)
+        while taken < count and self.evict_one():
+            more = self.alloc.take(cls, count - taken)
+            runs += more
+            taken += sum(run.n_slots for run in more)
+        self.reserved += record_bytes * taken // count
+        return runs
 
-    def pend(self, owner: Owner, reserved: Sequence[Reserved]) -> None:
-        """Record a batch's reserved slots until ``settle`` (a crash leaves them here)."""
-        if reserved:
-            self._txn.put(owner.pack(), _pack_reserved(reserved), db=self._dbs.pending)
-
-    def settle(self, owner: Owner) -> None:
-        """The batch's slots now hold pages or were released: no longer pending."""
-        self._txn.delete(owner.pack(), db=self._dbs.pending)
-
-    def insert_new(self, pages: Sequence[NewPage]) -> list[bool]:
-        """Index written pages, their recency entries in one call; False for a key that is
+    def insert_run(
+        self, run: SlotRun, cls: SlotClass, keys: Sequence[bytes], lengths: Sequence[int]
+    ) -> list[bool]:
+        """Index written records: ``keys[n]``, a payload of ``lengths[n]`` bytes, in the
+        n-th slot of ``run``; the recency entries in one call. False for a key that is
         stored already (nothing changed for it)."""
-        put, db = self._txn.put, self._dbs.pages
-        recency: list[tuple[bytes, bytes]] = []
-        added: list[bool] = []
-        for page in pages:
-            raw = Location.packed(page.slot, page.cls, page.payload_len, self._next_stamp)
-            fresh = put(page.key, raw, db=db, overwrite=False)
-            added.append(fresh)
-            if fresh:
-                recency.append((u64(self._stamp()), page.key))
-                self.bytes_used += HEADER_BYTES + page.payload_len
+        stamp = self._next_stamp
+        self._next_stamp += len(keys)
+        raws = Location.packed_run(run, cls, lengths, stamp)
+        pages = self._txn.cursor(db=self._dbs.pages)
+        _, added = pages.putmulti(zip(keys, raws, strict=True), overwrite=False)
+        if added == len(keys):
+            fresh = [True] * len(keys)
+        else:  # a stored entry kept its own (older) stamp, so it differs from ours
+            get, db = self._txn.get, self._dbs.pages
+            fresh = [get(key, db=db) == raw for key, raw in zip(keys, raws, strict=True)]
+        recency = [(_STAMP.pack(stamp + n), key) for n, key in enumerate(keys) if fresh[n]]
         if recency:
             self._txn.cursor(db=self._dbs.lru).putmulti(recency)
-        return added
+        self.bytes_used += sum(HEADER_BYTES + n for n, ok in zip(lengths, fresh, strict=True) if ok)
+        return fresh
 
     def reclaim_pending(self, alive: bool | None) -> int:
         """Free reservations of owners that are gone (``alive`` None: ask the OS per owner;
@@ -419,6 +409,14 @@ class DiskIndex:
         with self.reading() as txn:
             entries = txn.stat(self.dbs.pages)["entries"]
             return entries, from_u64(txn.get(META_BYTES_USED, db=self.dbs.meta))
+
+    def payload_sizes(self, keys: Sequence[bytes]) -> list[int | None]:
+        """Each key's stored payload length (None: absent, or a damaged entry), in one
+        read transaction."""
+        with self.reading() as txn:
+            raws = [txn.get(key, db=self.dbs.pages) for key in keys]
+            locations = [None if raw is None else Location.unpack(raw) for raw in raws]
+        return [None if loc is None else loc.payload_len for loc in locations]
 
     def sync(self) -> None:
         self._env.sync(True)

@@ -11,6 +11,7 @@ every slot is 4 KiB-aligned (the kernel's rule), whatever it costs in space.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from storage_backends.page_format import HEADER_BYTES
@@ -78,6 +79,18 @@ _SLOT = struct.Struct(">IQ")
 SLOT_BYTES = _SLOT.size
 
 
+class SlotRun(NamedTuple):
+    """``n_slots`` slots of one class back to back from ``offset`` in ``segment`` (what
+    the allocator hands out: a batch's records in one run take one ``pwritev``)."""
+
+    segment: int
+    offset: int
+    n_slots: int
+
+    def slots(self, stride: int) -> list[Slot]:
+        return [Slot(self.segment, self.offset + n * stride) for n in range(self.n_slots)]
+
+
 class Location(NamedTuple):
     """What the index stores per page: its slot, class, payload length and recency stamp
     (flat, so that a batch's lookups build one object a page)."""
@@ -100,6 +113,16 @@ class Location(NamedTuple):
     def packed(slot: Slot, cls: SlotClass, payload_len: int, stamp: int) -> bytes:
         """``Location.of(...).pack()`` without building the location."""
         return _LOCATION.pack(*slot, *cls, payload_len, stamp)
+
+    @staticmethod
+    def packed_run(run: SlotRun, cls: SlotClass, lengths: Sequence[int], stamp: int) -> list[bytes]:
+        """Packed locations of records of ``lengths`` in the slots of ``run``, in order,
+        stamped from ``stamp`` up."""
+        pack, segment, stride, align = _LOCATION.pack, run.segment, cls.stride, cls.align
+        return [
+            pack(segment, run.offset + n * stride, stride, align, length, stamp + n)
+            for n, length in enumerate(lengths)
+        ]
 
     @staticmethod
     def unpack(raw: bytes | memoryview) -> Location | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -41,6 +41,9 @@ class CurveKeys:
     public: bytes
     secret: bytes
     server: bytes
+
+
+OnReply = Callable[[int, Reply], None]  # (position of the request, its reply)
 
 
 class Outcome(NamedTuple):
@@ -106,11 +109,20 @@ class Channel:
     def close(self) -> None:
         self._sock.close(linger=0)
 
-    def exchange(self, op: Op, requests: Sequence[Request], timeout_s: float) -> Outcome:
+    def exchange(
+        self,
+        op: Op,
+        requests: Sequence[Request],
+        timeout_s: float,
+        on_reply: OnReply | None = None,
+    ) -> Outcome:
         """Send ``requests`` (all of ``op``; their ids are assigned here) and wait for replies.
 
         At most ``WINDOW`` requests are in flight, so the replies the daemon queues for this
-        client stay far below its per-client budget (over it, the daemon answers BUSY)."""
+        client stay far below its per-client budget (over it, the daemon answers BUSY).
+        ``on_reply(position, reply)`` runs on this thread as each reply arrives, while
+        later ones are still on their way (a GET copies its pages out meanwhile); what
+        it raises ends the exchange (the channel is then reset)."""
         deadline = time.monotonic() + timeout_s
         pending: dict[int, int] = {}  # request id -> position
         replies: list[Reply | None] = [None] * len(requests)
@@ -127,7 +139,11 @@ class Channel:
             if not pending:
                 break
             before = len(pending)
-            bad += self._collect(op, pending, replies, deadline, 1)
+            try:
+                bad += self._collect(op, pending, replies, deadline, 1, on_reply)
+            except BaseException:
+                self.reset()  # replies to the requests still pending must not be taken later
+                raise
             if len(pending) == before:  # the deadline passed
                 break
         unanswered = len(requests) - sum(r is not None for r in replies) - bad
@@ -157,6 +173,7 @@ class Channel:
         replies: list[Reply | None],
         deadline: float,
         wanted: int,
+        on_reply: OnReply | None = None,
     ) -> int:
         """Fill ``replies`` from what arrives before ``deadline`` until ``wanted`` pending
         requests are settled (or none is left); return the bad replies."""
@@ -176,7 +193,10 @@ class Channel:
                     bad += 1
                 continue
             if reply.id in pending:
-                replies[pending.pop(reply.id)] = reply
+                position = pending.pop(reply.id)
+                replies[position] = reply
+                if on_reply is not None:
+                    on_reply(position, reply)
             elif isinstance(reply, ErrorReply):  # no readable id: the request is unknown
                 logger.warning("error reply without id from %s: %s", self._endpoint, reply)
         return bad

@@ -29,7 +29,7 @@ from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
 from storage_backends.page_format import HEADER_BYTES, Verdict
 from storage_backends.record_arena import RecordArena
-from storage_backends.remote.channel import Channel, CurveKeys
+from storage_backends.remote.channel import Channel, CurveKeys, OnReply
 from storage_backends.remote.protocol import (
     ContainsReply,
     DeleteReply,
@@ -201,9 +201,13 @@ class RemoteBackend:
         requests = [Request(Op.GET, 0, tuple(keys[c.start : c.stop])) for c in parts]
         hits = [False] * len(keys)
         corrupt: list[bytes] = []
-        for part, reply in zip(parts, self._call(Op.GET, requests, GetReply), strict=True):
-            if reply is not None:
-                corrupt += self._fill(part, reply, keys, views, hits)
+
+        def fill(position: int, reply: Reply) -> None:
+            # As each reply arrives: its pages are copied out while later ones travel.
+            if isinstance(reply, GetReply):
+                corrupt.extend(self._fill(parts[position], reply, keys, views, hits))
+
+        self._call(Op.GET, requests, GetReply, fill)
         self._counters.record_get(sum(hits), len(keys) - sum(hits), len(corrupt))
         if corrupt:
             logger.warning("%d damaged pages from the daemon; deleting them", len(corrupt))
@@ -390,11 +394,14 @@ class RemoteBackend:
             self._link["reconnects"] += channel.reconnects
             channel.close()
 
-    def _call(self, op: Op, requests: list[Request], kind: type[_R]) -> list[_R | None]:
+    def _call(
+        self, op: Op, requests: list[Request], kind: type[_R], on_reply: OnReply | None = None
+    ) -> list[_R | None]:
         """Run ``requests`` through this thread's channel under the breaker.
 
         Returns one typed reply per request, None where the request failed
-        (no answer in time, an error reply, a reply of the wrong shape).
+        (no answer in time, an error reply, a reply of the wrong shape);
+        ``on_reply`` sees each reply as it arrives (``Channel.exchange``).
         """
         if not requests:
             return []
@@ -404,9 +411,11 @@ class RemoteBackend:
         if admission is Admission.REFUSE:
             self._count("fast_fails", len(requests))
             return [None] * len(requests)
-        return self._exchange(op, requests, kind)
+        return self._exchange(op, requests, kind, on_reply)
 
-    def _exchange(self, op: Op, requests: list[Request], kind: type[_R]) -> list[_R | None]:
+    def _exchange(
+        self, op: Op, requests: list[Request], kind: type[_R], on_reply: OnReply | None = None
+    ) -> list[_R | None]:
         """``_call`` once admitted: the exchange, its counters and the breaker's record."""
         self._count("requests", len(requests))
         # Until shown otherwise the peer is down: an exception, a timeout or a socket
@@ -414,7 +423,7 @@ class RemoteBackend:
         record: Callable[[], None] = self._breaker.record_down
         try:
             channel = self._channel()
-            outcome = channel.exchange(op, requests, self._config.timeout_s)
+            outcome = channel.exchange(op, requests, self._config.timeout_s, on_reply)
             self._count("timeouts", outcome.timed_out)
             if outcome.timed_out:
                 self._hint_once()

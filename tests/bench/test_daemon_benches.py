@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hicache.bench.daemon import SHORT, TRANSPORTS
 from hicache.bench.sharing import split
 from hicache.bench.tiering import build_trace
 from hicache.cli import main
@@ -37,26 +38,50 @@ path = "unused"
 max_bytes = 268435456
 """
 
-ROW_KEYS = {"op", "clients", "page_bytes", "gbps", "baseline_gbps", "ratio", "p50_us", "p99_us"}
+ROW_KEYS = {
+    "op",
+    "transport",
+    "clients",
+    "page_bytes",
+    "pages",
+    "gbps",
+    "baseline_gbps",
+    "ratio",
+    "cpu_ratio",
+    "p50_us",
+    "p99_us",
+    "puts_per_commit",
+}
 
 
-def test_daemon_bench_reports_every_op_size_and_client_count(tmp_path: Path) -> None:
+def test_daemon_bench_reports_every_op_shape_transport_and_client_count(tmp_path: Path) -> None:
     out = tmp_path / "daemon.json"
     argv = ["bench", "daemon", "--clients", "1,2", "--mib", "2", "--repeat", "1"]
-    assert main([*argv, "--exists-calls", "5", "--json", str(out)]) == 0  # 1: pages lost
+    argv += ["--exists-calls", "5", "--fairness-mib", "4", "--json", str(out)]
+    assert main(argv) == 0  # 1: pages lost
     report = json.loads(out.read_text())
     rows = report["cells"]
     assert all(set(row) == ROW_KEYS for row in rows)
-    probes = {(r["probe"], r["load"]) for r in report["fairness"]}
-    assert probes == {(p, load) for p in ("GET 1 page", "PING") for load in ("quiet", "bulk GETs")}
-    assert all(0 < r["p50_us"] <= r["p99_us"] for r in report["fairness"])
-    cells = {(r["op"], r["clients"], r["page_bytes"]) for r in rows}
-    sizes = {64 << 10, 256 << 10, 2 << 20}
-    assert cells == {(op, c, s) for op in ("PUT", "GET", "EXISTS") for c in (1, 2) for s in sizes}
+    probes = {(r["transport"], r["probe"], r["load"]) for r in report["fairness"]}
+    loads = ("quiet", "bulk GETs", "bulk PUTs")
+    assert probes == {
+        (t, p, load) for t in TRANSPORTS for p in ("GET 1 page", "PING") for load in loads
+    }
+    assert all(0 < r["p50_us"] <= r["p99_us"] and r["samples"] > 0 for r in report["fairness"])
+    cells = {(r["op"], r["transport"], r["clients"], r["page_bytes"], r["pages"]) for r in rows}
+    expected = {
+        (op, t, c, size, pages)
+        for op in ("PUT", "GET", "EXISTS")
+        for t in TRANSPORTS
+        for c in (1, 2)
+        for size, pages in SHORT
+    }
+    assert cells == expected
     for row in rows:
         moved = row["op"] != "EXISTS"
         assert (row["gbps"] > 0 and row["baseline_gbps"] > 0) == moved
-        assert row["ratio"] > 0 and 0 < row["p50_us"] <= row["p99_us"]
+        assert row["ratio"] > 0 and row["cpu_ratio"] > 0 and 0 < row["p50_us"] <= row["p99_us"]
+        assert (row["puts_per_commit"] >= 1) == (row["op"] == "PUT")
 
 
 def test_two_engines_reuse_each_other_only_through_the_daemon(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 import zmq
 
 from hicache.bench.processes import DAEMON_BANNER, ServerProcess
+from hicache.config.daemon import STORE_BACKENDS, DaemonConfig
 from storage_backends.page_format import encode_page
 from storage_backends.remote.protocol import (
     Frame,
@@ -161,31 +162,50 @@ class Daemon:
 
 
 def daemon_toml(
-    store: Path, extra: str = "", memory_bytes: int = 4 << 20, sync: bool = True
+    store: Path,
+    extra: str = "",
+    memory_bytes: int = 4 << 20,
+    sync: bool | str | None = None,
+    backend: str | None = None,
 ) -> str:
+    """A daemon config on an OS-picked port; ``sync``, ``backend`` None: the defaults."""
+    sync_line = "" if sync is None else f"sync = {json.dumps(sync)}"
+    backend_line = "" if backend is None else f'backend = "{backend}"'
     return f"""
 [server]
 endpoint = "tcp://127.0.0.1:0"
 ready_file = "ready.json"
 {extra}
 [store]
+{backend_line}
 path = "{store}"
 max_bytes = {64 << 20}
 memory_bytes = {memory_bytes}
-sync = {str(sync).lower()}
+{sync_line}
 """
 
 
 StartDaemon = Callable[..., Daemon]
 
+# Parametrize a test (or a module: ``pytestmark``) with this to run it on every store the
+# daemon can run on: ``start_daemon()`` then starts daemons on ``daemon_backend``.
+ON_EVERY_STORE = pytest.mark.parametrize("daemon_backend", STORE_BACKENDS)
+
 
 @pytest.fixture
-def start_daemon(tmp_path: Path) -> Iterator[StartDaemon]:
+def daemon_backend() -> str:
+    """The store kind of ``start_daemon()``'s default config (the daemon's default)."""
+    return DaemonConfig().store.backend
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path, daemon_backend: str) -> Iterator[StartDaemon]:
     """``start_daemon(config_text=None)`` → a bound daemon; every one is killed at teardown."""
     started: list[Daemon] = []
 
     def start(config_text: str | None = None) -> Daemon:
-        daemon = Daemon(tmp_path, config_text or daemon_toml(tmp_path / "store"))
+        text = config_text or daemon_toml(tmp_path / "store", backend=daemon_backend)
+        daemon = Daemon(tmp_path, text)
         started.append(daemon)
         return daemon
 

@@ -13,6 +13,7 @@ from hicache.bench.processes import DAEMON_BANNER, ServerProcess, wait_ping
 from hicache.cli import main as hicache_main
 from hicache.config.daemon import DaemonConfig
 from hicache.daemon.cli import main as daemon_main
+from storage_backends.config import sync_level
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,6 +22,18 @@ def test_shipped_config_loads() -> None:
     config = DaemonConfig.from_toml(REPO / "configs" / "daemon.toml")
     assert config.server.endpoint.startswith("tcp://127.0.0.1:") and not config.auth.curve
     assert config.limits.max_batch_keys == 4096
+
+
+@pytest.mark.parametrize(
+    "value,level", [("true", "full"), ("false", "none"), ("'index'", "index"), ("'full'", "full")]
+)
+def test_store_sync_takes_the_storage_words_and_the_old_booleans(
+    tmp_path: Path, value: str, level: str
+) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text(f"[store]\nsync = {value}\n")
+    assert sync_level(DaemonConfig.from_toml(path).store.sync).value == level
+    assert DaemonConfig().store.sync == "index"  # the default: committed, not fsynced
 
 
 @pytest.mark.parametrize(
@@ -37,7 +50,9 @@ def test_shipped_config_loads() -> None:
             "auth.tenants.public_key: missing; this key is required",
         ),
         ("[store]\nmax_bytes = '1'\n", 'store.max_bytes: expected an integer, got "1"'),
-        ("[store]\nsync = 1\n", "store.sync: expected true or false, got 1"),
+        ("[store]\nsync = 1\n", "store.sync: expected a string, got 1"),
+        ("[store]\nsync = 'always'\n", "store.sync: must be one of ('none', 'index', 'full')"),
+        ("[store]\nbackend = 'redis'\n", "store.backend: must be one of ('lmdb', 'disk')"),
         ("[limits]\nmax_batch_keys = 0\n", "limits.max_batch_keys: must be an int >= 1, got 0"),
         ("[server]\nendpoint = 'tcp://127.0.0.1'\n", "server.endpoint: needs a port"),
         ("[server]\nendpoint = 'udp://x:1'\n", "server.endpoint: must be tcp"),

@@ -13,13 +13,13 @@ from storage_backends import StorageConfig, create
 from storage_backends.remote.keys import keygen
 from storage_backends.remote.protocol import DeleteReply, ExistsReply, Op, PingReply
 
-from .conftest import daemon_toml, page_record
+from .conftest import ON_EVERY_STORE, daemon_toml, page_record
 
 NO_REPLY_WAIT_S = 1.0
 
 
 @pytest.fixture
-def curve_daemon(start_daemon, tmp_path: Path):
+def curve_daemon(start_daemon, tmp_path: Path, daemon_backend: str):
     keys = tmp_path / "keys"
     for name in ("server", "alice", "bob", "mallory"):
         keygen(keys, name)
@@ -35,7 +35,7 @@ public_key = "{alice_public.decode()}"
 name = "bob"
 public_key = "{keys / "bob.key"}"
 """
-    return start_daemon(daemon_toml(tmp_path / "store") + auth), keys
+    return start_daemon(daemon_toml(tmp_path / "store", backend=daemon_backend) + auth), keys
 
 
 def _curve(keys: Path, name: str) -> tuple[bytes, bytes, bytes]:
@@ -59,6 +59,7 @@ def test_clients_without_an_allowed_key_get_nothing(curve_daemon, connect) -> No
     assert stats['hicache_daemon_requests_total{op="PING"}'] == 1  # only alice's
 
 
+@ON_EVERY_STORE
 def test_tenants_see_only_their_own_pages(curve_daemon, connect) -> None:
     daemon, keys = curve_daemon
     alice = connect(daemon.endpoint, _curve(keys, "alice"))
@@ -97,7 +98,7 @@ def test_a_client_without_keys_is_told_about_curve(curve_daemon, caplog, capsys)
 
 
 @pytest.fixture
-def quota_daemon(start_daemon, tmp_path: Path):
+def quota_daemon(start_daemon, tmp_path: Path, daemon_backend: str):
     """alice shares a 256 KiB store; bob has a 64 KiB store of his own; ops is an admin."""
     keys = tmp_path / "keys"
     for name in ("server", "alice", "bob", "ops"):
@@ -106,11 +107,13 @@ def quota_daemon(start_daemon, tmp_path: Path):
     auth = f'[auth]\ncurve = true\nserver_secret_key = "{keys / "server.key_secret"}"\n'
     for name, more in tenants.items():
         auth += f'[[auth.tenants]]\nname = "{name}"\npublic_key = "{keys / name}.key"\n{more}\n'
-    config = daemon_toml(tmp_path / "store", memory_bytes=0)  # every GET reads the stores
+    # memory_bytes=0: every GET reads the stores
+    config = daemon_toml(tmp_path / "store", memory_bytes=0, backend=daemon_backend)
     config = config.replace(f"max_bytes = {64 << 20}", f"max_bytes = {256 << 10}")
     return start_daemon(config + auth), keys
 
 
+@ON_EVERY_STORE
 def test_a_tenant_s_stats_are_its_own_and_an_admin_sees_all(quota_daemon, connect) -> None:
     daemon, keys = quota_daemon
     alice, bob, ops = (connect(daemon.endpoint, _curve(keys, n)) for n in ("alice", "bob", "ops"))
@@ -124,6 +127,7 @@ def test_a_tenant_s_stats_are_its_own_and_an_admin_sees_all(quota_daemon, connec
     assert daemon.stat_map(ops)[pages] == 8
 
 
+@ON_EVERY_STORE
 def test_a_tenant_over_its_quota_evicts_only_its_own_pages(quota_daemon, connect) -> None:
     daemon, keys = quota_daemon
     alice, bob = (

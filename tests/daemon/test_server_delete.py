@@ -6,7 +6,7 @@ import threading
 
 from storage_backends.remote.protocol import DeleteReply, Op
 
-from .conftest import Client, daemon_toml, page_key, page_record
+from .conftest import ON_EVERY_STORE, Client, daemon_toml, page_key, page_record
 
 ROUNDS = 40
 KEYS = [page_key(i, "del-") for i in range(8)]
@@ -23,9 +23,15 @@ def _read_forever(endpoint: str, stop: threading.Event, errors: list[str]) -> No
         client.close()
 
 
-def test_acked_delete_is_honoured_under_concurrent_reads(start_daemon, connect, tmp_path) -> None:
-    # A tiny memory tier: GETs keep reading through from LMDB while the writer deletes.
-    daemon = start_daemon(daemon_toml(tmp_path / "store", memory_bytes=1 << 20, sync=False))
+@ON_EVERY_STORE
+def test_acked_delete_is_honoured_under_concurrent_reads(
+    start_daemon, connect, tmp_path, daemon_backend: str
+) -> None:
+    # A tiny memory tier: GETs keep reading through from the store while the writer deletes.
+    config = daemon_toml(
+        tmp_path / "store", memory_bytes=1 << 20, sync=False, backend=daemon_backend
+    )
+    daemon = start_daemon(config)
     writer = connect(daemon.endpoint)
     daemon.wait_ping(writer)
     stop, errors = threading.Event(), []

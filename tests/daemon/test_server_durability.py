@@ -7,7 +7,7 @@ from pathlib import Path
 
 from storage_backends.remote.protocol import Op, PutReply, Request, decode_reply, encode_request
 
-from .conftest import REPLY_TIMEOUT_S, page_key, page_record
+from .conftest import ON_EVERY_STORE, REPLY_TIMEOUT_S, page_key, page_record
 
 WINDOW = 16  # PUT requests kept in flight
 SIGTERM_TRIES = 3  # runs until one has writes in flight at the signal
@@ -55,6 +55,7 @@ def _check_all_served(daemon, connect, keys: list[bytes]) -> None:
         assert client.get(batch) == [page_record(key, 0, size=8192) for key in batch]
 
 
+@ON_EVERY_STORE
 def test_kill_9_loses_no_acknowledged_page(start_daemon, connect, tmp_path: Path) -> None:
     daemon = start_daemon()
     pipeline = _Pipeline(connect(daemon.endpoint))
@@ -72,6 +73,7 @@ def _writes_in_flight_at_stop(log: str) -> int:
     return int(found[0])
 
 
+@ON_EVERY_STORE
 def test_sigterm_answers_in_flight_writes_and_exits_0(start_daemon, connect) -> None:
     """Every write the daemon had read when SIGTERM came is answered (stored) before it
     exits 0; a write it did not answer was never stored. Runs again (new keys) when

@@ -21,6 +21,10 @@ from hicache.config.daemon import DaemonConfig
 from hicache.daemon.server import DaemonServer
 from hicache.daemon.store import DaemonStore, Lookup
 from storage_backends.remote.protocol import (
+    ContainsReply,
+    ErrorCode,
+    ErrorReply,
+    ExistsReply,
     GetReply,
     Op,
     Request,
@@ -30,17 +34,21 @@ from storage_backends.remote.protocol import (
 from .conftest import REPLY_TIMEOUT_S, Client, page_key, page_record
 
 QUEUED = "hicache_daemon_queued_reply_bytes"
+LENT = "hicache_daemon_reply_buffers_lent"
+MEMORY_BYTES = 64 << 10
+BIG = 2 * MEMORY_BYTES  # a record the memory tier cannot hold
 
 
 class Gated(NamedTuple):
     endpoint: str
     gated: set[bytes]  # client keys whose GETs wait for ``gate``
     gate: threading.Event
+    broken: set[bytes]  # client keys whose GETs come back from the store unusable
 
 
 @pytest.fixture
 def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gated]:
-    gate, gated = threading.Event(), set[bytes]()
+    gate, gated, broken = threading.Event(), set[bytes](), set[bytes]()
     original: Callable[..., Lookup] = DaemonStore.get
 
     def get(
@@ -48,18 +56,27 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gated]:
     ) -> Lookup:
         if gated.intersection(client_keys):
             assert gate.wait(2 * REPLY_TIMEOUT_S)
-        return original(self, keys, client_keys, *args)
+        lookup = original(self, keys, client_keys, *args)
+        if broken.intersection(client_keys):  # the pages were read: the reply cannot be built
+            return lookup._replace(memory_hits=None)
+        return lookup
 
     monkeypatch.setattr(DaemonStore, "get", get)
     config = DaemonConfig().with_overrides(
         server={"endpoint": "tcp://127.0.0.1:0", "readers": 2},
-        store={"path": str(tmp_path / "store"), "max_bytes": 64 << 20, "sync": False},
+        # The memory tier holds small records only: bigger ones are read by the readers.
+        store={
+            "path": str(tmp_path / "store"),
+            "max_bytes": 64 << 20,
+            "memory_bytes": MEMORY_BYTES,
+            "sync": False,
+        },
     )
     server = DaemonServer(config)
     bound = server.start()
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
-    yield Gated(bound.endpoint, gated, gate)
+    yield Gated(bound.endpoint, gated, gate, broken)
     gate.set()
     server.stop()
     thread.join(30)
@@ -94,7 +111,8 @@ def reply_id(client: Client) -> int:
 def test_a_clients_later_requests_are_answered_before_a_slow_read(daemon, clients) -> None:
     client = clients()
     slow, other = page_key(0), page_key(1)
-    assert client.put([slow, other], [page_record(slow, 0), page_record(other, 1)])
+    records = [page_record(slow, 0, size=BIG), page_record(other, 1, size=BIG)]
+    assert client.put([slow, other], records)
     daemon.gated.add(slow)
     send(client, Op.GET, 101, [slow])
     send(client, Op.PING, 102)
@@ -118,6 +136,26 @@ def test_a_small_read_is_answered_while_another_clients_bulk_reads_wait(daemon, 
     assert [reply_id(bulk) for _ in range(4)] == [200, 201, 202, 203]  # one client: in order
 
 
+def test_reads_the_memory_tier_holds_are_answered_while_every_reader_is_busy(
+    daemon, clients
+) -> None:
+    first, second, small = clients(), clients(), clients()
+    big = [page_key(i, "big-") for i in range(2)]
+    assert first.put(big, [page_record(key, i, size=BIG) for i, key in enumerate(big)])
+    held = page_key(0, "small-")
+    record = page_record(held, 0)
+    assert small.put([held], [record]) == (True,)
+    daemon.gated.update(big)
+    send(first, Op.GET, 301, big[:1])  # one per reader thread (two), both held at the gate
+    send(second, Op.GET, 302, big[1:])
+    assert small.get([held]) == [record]
+    assert small.call(Op.EXISTS, [held]) == ExistsReply(small._next_id, 1)
+    assert small.call(Op.CONTAINS, [held]) == ContainsReply(small._next_id, (True,))
+    assert first.sock.poll(0) == second.sock.poll(0) == 0  # the readers still hold theirs
+    daemon.gate.set()
+    assert (reply_id(first), reply_id(second)) == (301, 302)
+
+
 def test_replies_a_client_never_read_are_released_when_it_disconnects(daemon, clients) -> None:
     other = clients()
     keys = [page_key(i, "big-") for i in range(4)]
@@ -134,10 +172,24 @@ def test_replies_a_client_never_read_are_released_when_it_disconnects(daemon, cl
             greedy.send_multipart(encode_request(Request(Op.GET, i + 1, tuple(keys))))
         _wait(lambda: _stat(other, 'hicache_daemon_requests_total{op="GET"}') >= before + 24)
         assert _stat(other, QUEUED) > 0
+        assert _stat(other, LENT) > 0  # the store's reads are the unsent replies' frames
     finally:
         greedy.close(linger=0)
     _wait(lambda: _stat(other, QUEUED) == 0)
+    _wait(lambda: _stat(other, LENT) == 0)
     assert other.get(keys[:1]) == records[:1]
+
+
+def test_pages_read_for_a_reply_that_failed_go_back_to_the_pool(daemon, clients) -> None:
+    client = clients()
+    key = page_key(0, "broken-")
+    assert client.put([key], [page_record(key, 0, size=BIG)]) == (True,)
+    daemon.broken.add(key)
+    reply = client.call(Op.GET, [key])
+    assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.INTERNAL
+    assert _stat(client, LENT) == 0
+    daemon.broken.clear()
+    assert client.get([key]) == [page_record(key, 0, size=BIG)]
 
 
 def _stat(client: Client, name: str) -> float:

@@ -17,7 +17,7 @@ from storage_backends.remote.protocol import (
     StatsReply,
 )
 
-from .conftest import daemon_toml
+from .conftest import ON_EVERY_STORE, daemon_toml
 
 SMALL_LIMITS = """
 [limits]
@@ -33,6 +33,7 @@ def _header(frames: list[bytes] | None) -> dict[str, object]:
     return msgpack.unpackb(frames[0])
 
 
+@ON_EVERY_STORE
 def test_ops_round_trip_bit_identical(start_daemon, connect, pages) -> None:
     daemon = start_daemon()
     client = connect(daemon.endpoint)

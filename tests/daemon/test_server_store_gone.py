@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import shutil
 
+from .conftest import ON_EVERY_STORE
 
+
+@ON_EVERY_STORE
 def test_writes_after_the_store_was_deleted_survive_a_restart(
     start_daemon, connect, pages, tmp_path
 ) -> None:
@@ -17,7 +20,7 @@ def test_writes_after_the_store_was_deleted_survive_a_restart(
     shutil.rmtree(tmp_path / "store")
     assert client.put(keys[8:], records[8:]) == (True,) * 8  # acknowledged: must be on disk
     assert daemon.terminate() == 0
-    assert "deleted or replaced" in daemon.log()
+    assert daemon.wait_log("deleted or replaced")
 
     daemon = start_daemon()
     client = connect(daemon.endpoint)

@@ -14,7 +14,13 @@ from pathlib import Path
 from storage_backends.lmdb_pages import walk_pages
 from storage_backends.remote.protocol import Op
 
+from .conftest import daemon_toml
+
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _lmdb_daemon(tmp_path: Path) -> str:  # these damage LMDB's own file layout
+    return daemon_toml(tmp_path / "store", backend="lmdb")
 
 
 def _free_a_page_in_use(data_mdb: Path) -> None:
@@ -29,7 +35,7 @@ def _free_a_page_in_use(data_mdb: Path) -> None:
 
 
 def test_damage_a_write_would_meet_is_quarantined(start_daemon, connect, pages, tmp_path) -> None:
-    daemon = start_daemon()
+    daemon = start_daemon(_lmdb_daemon(tmp_path))
     client = connect(daemon.endpoint)
     daemon.wait_ping(client)
     keys, records = pages(40, size=3000)
@@ -38,12 +44,12 @@ def test_damage_a_write_would_meet_is_quarantined(start_daemon, connect, pages, 
     assert daemon.terminate() == 0
     _free_a_page_in_use(tmp_path / "store" / "data.mdb")
 
-    daemon = start_daemon()
+    daemon = start_daemon(_lmdb_daemon(tmp_path))
     client = connect(daemon.endpoint)
     daemon.wait_ping(client)
     assert client.put(keys[:4], records[:4]) == (True,) * 4
     assert client.get(keys[:8]) == records[:4] + [None] * 4  # the damaged store was set aside
-    assert "damaged" in daemon.log()
+    assert daemon.wait_log("damaged")  # the log is copied by a thread
     assert list(tmp_path.glob("store.damaged-*"))
 
 
@@ -56,7 +62,8 @@ from tests.daemon.conftest import page_key, page_record
 keys = [page_key(i) for i in range(40)]
 records = [page_record(key, i, 3000) for i, key in enumerate(keys)]
 for path in sys.argv[1:]:
-    store = DaemonStore(StoreConfig(path=path, max_bytes=1 << 20, memory_bytes=0), 1 << 20)
+    config = StoreConfig(backend="lmdb", path=path, max_bytes=1 << 20, memory_bytes=0)
+    store = DaemonStore(config, 1 << 20)
     got = store.get(keys, keys, 1 << 30).records
     wrong = sum(r is not None and bytes(r) != records[i] for i, r in enumerate(got))
     more = [page_key(i, "more") for i in range(20)]
@@ -75,7 +82,9 @@ def test_damaged_daemon_stores_take_writes_without_dying(tmp_path: Path) -> None
     from .conftest import page_key, page_record
 
     pristine = tmp_path / "pristine"
-    store = DaemonStore(StoreConfig(path=str(pristine), max_bytes=1 << 20, memory_bytes=0), 1 << 20)
+    store = DaemonStore(
+        StoreConfig(backend="lmdb", path=str(pristine), max_bytes=1 << 20, memory_bytes=0), 1 << 20
+    )
     keys = [page_key(i) for i in range(48)]
     store.put(keys, [page_record(key, i, 3000) for i, key in enumerate(keys)])
     store.delete(keys[40:])  # the free list has entries
@@ -107,7 +116,7 @@ def test_damaged_daemon_stores_take_writes_without_dying(tmp_path: Path) -> None
 
 
 def test_damage_found_while_running_is_quarantined(start_daemon, connect, pages, tmp_path) -> None:
-    daemon = start_daemon()
+    daemon = start_daemon(_lmdb_daemon(tmp_path))
     client = connect(daemon.endpoint)
     daemon.wait_ping(client)
     keys, records = pages(24, size=3000)
@@ -119,5 +128,25 @@ def test_damage_found_while_running_is_quarantined(start_daemon, connect, pages,
         f.write(struct.pack("<H", 0x04))
     assert client.put(keys[16:], records[16:]) == (True,) * 8  # into a fresh store
     assert client.get(keys[16:]) == records[16:]
-    assert daemon.alive() and "damaged" in daemon.log()
+    assert daemon.alive() and daemon.wait_log("damaged")  # the log is copied by a thread
+    assert list(tmp_path.glob("store.damaged-*"))
+
+
+def test_disk_index_damage_found_while_running_is_quarantined(
+    start_daemon, connect, pages, tmp_path
+) -> None:
+    """The same on the disk store: its LMDB index damaged under the running daemon."""
+    daemon = start_daemon(daemon_toml(tmp_path / "store", backend="disk"))
+    client = connect(daemon.endpoint)
+    daemon.wait_ping(client)
+    keys, records = pages(24, size=3000)
+    assert client.put(keys[:16], records[:16]) == (True,) * 16
+    index_mdb = tmp_path / "store" / "index" / "data.mdb"
+    root = walk_pages(index_mdb.read_bytes()).main_root
+    with open(index_mdb, "r+b") as f:  # the main tree's root becomes an overflow page
+        f.seek(root * mmap.PAGESIZE + 10)
+        f.write(struct.pack("<H", 0x04))
+    assert client.put(keys[16:], records[16:]) == (True,) * 8  # into a fresh store
+    assert client.get(keys[16:]) == records[16:]
+    assert daemon.alive() and daemon.wait_log("damaged")  # the log is copied by a thread
     assert list(tmp_path.glob("store.damaged-*"))

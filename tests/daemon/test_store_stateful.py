@@ -7,8 +7,10 @@
   (``truncated``); ``memory_hits + store_hits`` are the hits, whichever tier served them.
 - ``delete``: how many distinct keys were present; they are gone from both tiers.
 - ``exists``: the count of leading present keys.
+- a tenant given a quota later (a restart) keeps its pages: the model does not change.
 
-The memory tier holds three pages, so reads go through to LMDB and back.
+The memory tier holds three pages, so reads go through to the store and back; the model
+runs on every store the daemon can run on (lmdb, disk).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from hicache.daemon.memory_lru import ENTRY_OVERHEAD
 from hicache.daemon.store import DaemonStore, scoped_key
 from storage_backends.page_format import HEADER_BYTES
 
-from .conftest import page_key, page_record
+from .conftest import ON_EVERY_STORE, page_key, page_record
 
 SIZE = 200
 RECORD = SIZE + HEADER_BYTES
@@ -34,18 +36,33 @@ IDS = st.lists(st.integers(0, 11), max_size=8)
 
 
 class DaemonStoreModel(RuleBasedStateMachine):
+    BACKEND = "lmdb"
+
     @initialize()
     def open(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="daemon-store-")
         config = StoreConfig(
+            backend=self.BACKEND,
             path=f"{self.dir}/store",
             max_bytes=16 << 20,
             memory_bytes=3 * (RECORD + ENTRY_OVERHEAD),
             sync=False,
         )
+        self.config = config
         self.store = DaemonStore(config, max_page_bytes=1 << 20, quotas={"quota": 16 << 20})
         self.model: dict[str, dict[bytes, bytes]] = {t: {} for t in TENANTS}
         self.version = 0
+        self.reopened = False
+
+    @precondition(lambda self: hasattr(self, "store") and not self.reopened)
+    @rule()
+    def give_shared_a_quota(self) -> None:
+        """Restart with a quota for the tenant that wrote into the shared store: its pages
+        there stay its own (read-only fallback), so the model does not change."""
+        self.store.close()
+        quotas = {"quota": 16 << 20, "shared": 16 << 20}
+        self.store = DaemonStore(self.config, max_page_bytes=1 << 20, quotas=quotas)
+        self.reopened = True
 
     def teardown(self) -> None:
         if hasattr(self, "store"):
@@ -113,16 +130,26 @@ class DaemonStoreModel(RuleBasedStateMachine):
             assert size.store_corrupt == 0 and size.memory_entries <= 3
 
 
-DaemonStoreModel.TestCase.settings = settings(
-    max_examples=25, stateful_step_count=20, deadline=None
-)
+class DiskDaemonStoreModel(DaemonStoreModel):
+    BACKEND = "disk"
+
+
+for _model in (DaemonStoreModel, DiskDaemonStoreModel):
+    _model.TestCase.settings = settings(max_examples=25, stateful_step_count=20, deadline=None)
 test_daemon_store_keeps_its_promises = DaemonStoreModel.TestCase
+test_daemon_store_on_disk_keeps_its_promises = DiskDaemonStoreModel.TestCase
 
 
-def test_a_key_held_keeps_its_first_page_in_both_tiers(tmp_path) -> None:
+@ON_EVERY_STORE
+def test_a_key_held_keeps_its_first_page_in_both_tiers(tmp_path, daemon_backend: str) -> None:
     """Repeated in one batch, or put again while held (cached, or read through): the first
     page is what every later read gets, from memory or from LMDB."""
-    config = StoreConfig(path=str(tmp_path / "s"), memory_bytes=RECORD + ENTRY_OVERHEAD, sync=False)
+    config = StoreConfig(
+        backend=daemon_backend,
+        path=str(tmp_path / "s"),
+        memory_bytes=RECORD + ENTRY_OVERHEAD,
+        sync=False,
+    )
     store = DaemonStore(config, max_page_bytes=1 << 20)
     try:
         client = [page_key(i) for i in range(3)]

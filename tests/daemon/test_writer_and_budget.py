@@ -24,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from hicache.daemon.replies import ReplyBudget
 from hicache.daemon.writer import WriteJob, Writer
+from storage_backends.page_format import encode_page
 from storage_backends.remote.protocol import Frame, Op
 
 WAIT_S = 10.0
@@ -130,6 +131,26 @@ def test_a_failing_batch_becomes_errors_and_the_writer_carries_on() -> None:
     (ok,) = writer.take_done()
     assert (ok.job.token, ok.stored, ok.error) == (2, (True,), "")
     assert writer.stats().failures == 1 and writer.stats().commits == 1
+
+
+def test_a_put_with_a_bad_record_stores_nothing_and_the_rest_of_its_batch_commits() -> None:
+    store, writer, _ = _start()
+    writer.submit(_put(0, [_key(1, 0)]))
+    assert store.entered.wait(WAIT_S)  # the next three wait together: one batch
+    good = [_key(2, i) for i in range(3)]
+    records = [encode_page(key, key * 3) for key in good]
+    damaged = bytearray(records[1])
+    damaged[-1] ^= 1  # the checksum no longer matches
+    for token, pages in ((1, records[:1]), (2, [records[0], bytes(damaged)]), (3, records[2:])):
+        keys = tuple(good[: len(pages)]) if token != 3 else tuple(good[2:])
+        writer.submit(WriteJob(Op.PUT, keys, tuple(pages), token, None, keys))
+    store.gate.set()
+    assert writer.close(WAIT_S)
+    done = {d.job.token: d for d in writer.take_done()}
+    assert done[2].malformed and "page record 1" in done[2].error and done[2].stored == ()
+    assert [(done[t].stored, done[t].malformed) for t in (1, 3)] == [((True,), False)] * 2
+    assert store.calls[1:] == [("put", 2, None)]  # jobs 1 and 3, one commit
+    assert set(store.pages[None]) == {_key(1, 0), good[0], good[2]}
 
 
 def test_close_finishes_every_submitted_job_first() -> None:

@@ -7,14 +7,18 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from storage_backends import StorageConfig, create
 from storage_backends.disk import PutPhase
+from storage_backends.disk.index import DB_NAMES, DiskIndex
+from storage_backends.disk.layout import INDEX_DIR, SlotRun, slot_class
 from storage_backends.page_format import HEADER_BYTES
 
 SIZE = 4096
@@ -68,9 +72,10 @@ def _config(path: Path) -> StorageConfig:
     return StorageConfig(backend="disk", path=str(path), max_bytes=capacity, sync="none")
 
 
-def _run_writer(path: Path, phase: PutPhase) -> set[int]:
-    """Run the writer until the fault hook kills it; the acknowledged page ids."""
-    args = [path, phase.value, SIZE, BATCH, KILLED_BATCH, _config(path).max_bytes]
+def _run_writer(path: Path, phase: PutPhase, killed_batch: int = KILLED_BATCH) -> set[int]:
+    """Run the writer until the fault hook kills it in batch ``killed_batch``; the
+    acknowledged page ids."""
+    args = [path, phase.value, SIZE, BATCH, killed_batch, _config(path).max_bytes]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     done = subprocess.run(
         [sys.executable, "-c", WRITER, *map(str, args)],
@@ -109,5 +114,68 @@ def test_kill_at_each_phase_loses_nothing_acknowledged(tmp_path: Path, phase: Pu
         back = [memoryview(bytearray(SIZE)) for _ in fresh]
         assert all(store.get([_key(i) for i in fresh], back))
         assert all(bytes(b) == _payload(i) for i, b in zip(fresh, back, strict=True))
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("phase", [PutPhase.AFTER_DATA, PutPhase.IN_COMMIT])
+def test_a_kill_in_a_put_that_evicts_costs_only_what_it_evicted(
+    tmp_path: Path, phase: PutPhase
+) -> None:
+    """A full store: the killed batch evicts the oldest pages and writes into their
+    slots, uncommitted. Their entries survive the kill and now point at the killed
+    batch's records: they read as misses, never as other bytes; every other
+    acknowledged page is served bit-exact."""
+    path = tmp_path / "store"
+    full = CAPACITY_PAGES // BATCH
+    acked = _run_writer(path, phase, killed_batch=full)
+    assert acked == set(range(CAPACITY_PAGES))
+    store = create("disk", _config(path))
+    try:
+        ids = range((full + 1) * BATCH)
+        dst = [memoryview(bytearray(SIZE)) for _ in ids]
+        hits = store.get([_key(i) for i in ids], dst)
+        for i, hit, buf in zip(ids, hits, dst, strict=True):
+            assert not hit or bytes(buf) == _payload(i), f"page {i} is not its own bytes"
+            assert hit or i < BATCH or i not in acked, f"page {i} lost, the kill evicted {BATCH}"
+        fresh = range(100, 100 + CAPACITY_PAGES)
+        assert all(store.put([_key(i) for i in fresh], [memoryview(_payload(i)) for i in fresh]))
+        assert store.stats().entries == CAPACITY_PAGES
+    finally:
+        store.close()
+
+
+def test_slots_a_first_version_put_left_reserved_come_back_at_open(tmp_path: Path) -> None:
+    """The first version of the store committed a batch's reservation (owner -> slots in
+    the ``pending`` table) before writing; a kill then left it there. Such a store opens
+    with the slots free again: it fills to capacity without evicting."""
+    path = tmp_path / "store"
+    config = _config(path)
+    cls = slot_class(SIZE, direct_io=False)
+    path.mkdir()
+    index = DiskIndex(path / INDEX_DIR, config)
+    try:
+        with index.writing() as writer:
+            runs = writer.reserve(cls, BATCH, BATCH * (SIZE + HEADER_BYTES))
+    finally:
+        index.close()
+    assert runs == [SlotRun(0, 0, BATCH)]
+    env = lmdb.open(str(path / INDEX_DIR), max_dbs=len(DB_NAMES))
+    try:
+        pending = env.open_db(b"pending")
+        record = b"".join(
+            struct.pack(">IQIH", slot.segment, slot.offset, *cls)
+            for slot in runs[0].slots(cls.stride)
+        )
+        with env.begin(write=True) as txn:
+            txn.put(struct.pack(">IQ", 2**31 - 1, 7), record, db=pending)
+    finally:
+        env.close()
+    store = create("disk", config)
+    try:
+        ids = range(CAPACITY_PAGES)
+        assert all(store.put([_key(i) for i in ids], [memoryview(_payload(i)) for i in ids]))
+        assert store.stats().entries == CAPACITY_PAGES
+        assert store.stats().evictions == 0
     finally:
         store.close()

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import NamedTuple
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from storage_backends import StorageBackend, StorageConfig, create
 from storage_backends.disk.index import DiskIndex
-from storage_backends.disk.layout import Slot, SlotClass
+from storage_backends.disk.layout import SlotClass, SlotRun
 from storage_backends.page_format import HEADER_BYTES
 
 SIZE = 136  # a record of 192 bytes: its slot exactly (the store holds 8 of them)
@@ -55,20 +54,13 @@ def test_an_aged_page_read_is_kept_and_a_young_one_keeps_its_place(tmp_path: Pat
         store.close()
 
 
-class _Page(NamedTuple):
-    key: bytes
-    slot: Slot
-    cls: SlotClass
-    payload_len: int
-
-
 def _filled_index(path: Path, n: int) -> DiskIndex:
     config = StorageConfig(backend="disk", path=str(path), max_bytes=1 << 20, sync="none")
     index = DiskIndex(path, config)
     cls = SlotClass(256, 64)
     with index.writing() as writer:
-        pages = [_Page(_key(i), Slot(0, i * 256), cls, SIZE) for i in range(n)]
-        assert writer.insert_new(pages) == [True] * n
+        keys = [_key(i) for i in range(n)]
+        assert writer.insert_run(SlotRun(0, 0, n), cls, keys, [SIZE] * n) == [True] * n
     return index
 
 

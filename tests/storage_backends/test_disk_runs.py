@@ -1,4 +1,4 @@
-"""Runs of adjacent slots: one pwritev per run must put every record of the run in its
+"""Spans of adjacent slots: one pwritev per span must put every record of the span in its
 own slot, whatever order or subset a later batch reads."""
 
 from __future__ import annotations
@@ -7,8 +7,11 @@ import hashlib
 import os
 from pathlib import Path
 
+import pytest
+
 from storage_backends import StorageConfig, create
-from storage_backends.disk.runs import GAP_MAX, Extent, plan_runs
+from storage_backends.disk.layout import SlotRun
+from storage_backends.disk.runs import GAP_MAX, Span, gap, spans
 from storage_backends.disk.scan import locate
 
 
@@ -24,23 +27,28 @@ def _config(path: Path) -> StorageConfig:
     return StorageConfig(backend="disk", path=str(path), max_bytes=4 << 20, sync="none")
 
 
-def test_adjacent_slots_form_one_run_in_offset_order() -> None:
-    extents = [Extent(0, 200, 90, 100), Extent(0, 0, 90, 100), Extent(0, 100, 90, 100)]
-    runs = plan_runs(extents, 3, 1)
-    assert [(r.segment, r.offset, r.members) for r in runs] == [(0, 0, [1, 2, 0])]
-
-
-def test_runs_break_at_holes_segments_bad_strides_and_the_thread_share() -> None:
-    extents = [
-        Extent(0, 0, 90, 100),
-        Extent(0, 100, 90, 100 + GAP_MAX),  # a stride no record has: nothing joins after it
-        Extent(0, 200 + GAP_MAX, 90, 100),
-        Extent(0, 400 + GAP_MAX, 90, 100),  # a hole before it
-        Extent(1, 500 + GAP_MAX, 90, 100),  # another segment
+def test_spans_follow_the_runs_in_order_and_number_the_pages_across_them() -> None:
+    runs = [SlotRun(0, 300, 2), SlotRun(0, 0, 1), SlotRun(1, 100, 3)]
+    assert spans(runs, 100, 3, 1) == [
+        Span(0, 300, 0, 2),
+        Span(0, 0, 2, 1),
+        Span(1, 100, 3, 3),
     ]
-    assert [r.members for r in plan_runs(extents, 3, 1)] == [[0, 1], [2], [3], [4]]
-    same = [Extent(0, n * 100, 90, 100) for n in range(8)]
-    assert [r.members for r in plan_runs(same, 3, 4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_spans_cut_runs_into_the_thread_share_and_the_iovec_limit() -> None:
+    assert spans([SlotRun(0, 0, 8)], 100, 3, 4) == [Span(0, n * 200, 2 * n, 2) for n in range(4)]
+    # A run longer than the kernel takes in one pwritev is cut however few the threads.
+    many = spans([SlotRun(2, 0, 5000)], 10, 3, 1)
+    assert sum(span.n_records for span in many) == 5000
+    assert max(span.n_records for span in many) * 3 <= os.sysconf("SC_IOV_MAX")
+    assert [span.first for span in many] == [span.offset // 10 for span in many]
+
+
+def test_a_gap_is_shorter_than_one_alignment_unit() -> None:
+    assert len(gap(GAP_MAX - 1)) == GAP_MAX - 1
+    with pytest.raises(ValueError):
+        gap(GAP_MAX)
 
 
 def test_any_order_and_subset_reads_back_what_one_batch_wrote(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ thread: it sees exactly what the channel sends and answers when, and how, the te
 says. Promises (the module's docstrings and docs/protocol.md):
 
 - replies are matched by id and returned in request order, whatever order they come in;
+- each reply is handed to ``on_reply`` as it arrives, before later ones are answered;
 - at most ``WINDOW`` requests are in flight, and the window is used (pipelining);
 - every request carries an id never used before on the channel;
 - an exchange left unanswered returns (bounded) with every request counted timed out,
@@ -152,6 +153,32 @@ def test_replies_come_back_in_request_order_whatever_order_they_arrive_in(
     assert (out.timed_out, out.bad) == (0, 0)
     counts = [r.count if isinstance(r, ExistsReply) else None for r in out.replies]
     assert counts == [len(r.keys) for r in requests]
+
+
+@pytest.mark.timeout(30)
+def test_each_reply_is_handed_over_while_later_ones_are_still_unanswered(
+    ctx: Ctx, peer: Peer
+) -> None:
+    requests = exists(3)
+    seen: list[tuple[int, int]] = []  # (position, count) as the channel hands them over
+    handed = [threading.Event() for _ in requests]
+
+    def script(p: Peer) -> None:
+        held = [p.must_recv() for _ in requests]
+        for n, got in enumerate(reversed(held)):
+            answer_len(p, got)  # the last request first
+            assert handed[len(requests) - 1 - n].wait(BOUND_S), "reply not handed over"
+
+    def on_reply(position: int, reply: object) -> None:
+        assert isinstance(reply, ExistsReply)
+        seen.append((position, reply.count))
+        handed[position].set()
+
+    run = Run(peer, script)
+    out = channel(ctx, peer.endpoint).exchange(Op.EXISTS, requests, BOUND_S, on_reply)
+    run.join()
+    assert seen == [(2, 3), (1, 2), (0, 1)]  # in arrival order, each once
+    assert [r.count if isinstance(r, ExistsReply) else None for r in out.replies] == [1, 2, 3]
 
 
 @pytest.mark.timeout(30)

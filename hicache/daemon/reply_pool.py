@@ -1,0 +1,85 @@
+"""ReplyPool: buffers that GET replies read from the store land in, reused once sent.
+
+A GET that misses the memory tier is read from the store straight into a
+buffer of the pool, and that buffer is the reply's frame (sent without a
+copy). ZeroMQ reads it until the reply has gone (or was dropped with its
+peer); the reply budget tracks that (``replies``) and gives the buffer back
+then, so the next read writes into memory already faulted in instead of new,
+zeroed memory. What the pool keeps free is bounded; buffers out with replies
+are bounded by the reply budget.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import NamedTuple
+
+# Free buffers kept for reuse, all sizes together; more are let go.
+KEEP_BYTES = 64 << 20
+
+
+class PoolSize(NamedTuple):
+    """What the pool holds: buffers lent out (with replies) and kept free."""
+
+    lent: int
+    free_bytes: int
+
+
+class ReplyPool:
+    """The daemon's ``store.ReplyBuffers``: ``take`` lends a buffer of exactly the size
+    asked, reused when one of that size is free; ``give_back`` returns one (a read that
+    missed, or a reply ZeroMQ is done with); ``lent_out`` tells which frames of a reply
+    are the pool's.
+
+    Thread-safe (one lock): readers take and give back, the socket thread gives
+    back what sent replies held. Giving back a buffer the pool did not lend, or
+    twice, is ignored. A buffer is written again only after it was given back,
+    so a caller gives back only what nothing reads any more.
+    """
+
+    def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
+        if keep_bytes < 0:
+            raise ValueError(f"keep_bytes must be >= 0, got {keep_bytes}")
+        self._keep_bytes = keep_bytes
+        self._free: dict[int, list[bytearray]] = {}
+        self._free_bytes = 0
+        self._lent: dict[int, bytearray] = {}  # id(buffer) -> buffer
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> memoryview:
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                buffer = free.pop()
+                self._free_bytes -= size
+            else:
+                buffer = bytearray(size)
+            self._lent[id(buffer)] = buffer
+        return memoryview(buffer)
+
+    def give_back(self, buffer: memoryview) -> None:
+        self.give_back_all((buffer,))
+
+    def give_back_all(self, buffers: Iterable[memoryview]) -> None:
+        with self._lock:
+            for view in buffers:
+                owner = self._lent.pop(id(view.obj), None)
+                if owner is None or owner is not view.obj:
+                    continue
+                if self._free_bytes + len(owner) <= self._keep_bytes:
+                    self._free.setdefault(len(owner), []).append(owner)
+                    self._free_bytes += len(owner)
+
+    def lent_out(self, frames: Iterable[object]) -> list[memoryview]:
+        """The frames among ``frames`` that are buffers this pool lent."""
+        with self._lock:
+            return [
+                frame
+                for frame in frames
+                if isinstance(frame, memoryview) and self._lent.get(id(frame.obj)) is frame.obj
+            ]
+
+    def size(self) -> PoolSize:
+        with self._lock:
+            return PoolSize(len(self._lent), self._free_bytes)
