@@ -382,16 +382,27 @@ class DiskIndex:
             raise
 
     def count_leading(self, keys: Sequence[bytes]) -> int:
-        with self.reading() as txn:
-            for count, key in enumerate(keys):
-                if txn.get(key, db=self.dbs.pages) is None:
-                    return count
-        return len(keys)
+        """How many leading keys the index holds (one read transaction)."""
+        try:
+            with self._env.begin(db=self.dbs.pages, buffers=True) as txn:
+                get = txn.get
+                for count, key in enumerate(keys):
+                    if get(key) is None:
+                        return count
+                return len(keys)
+        except lmdb.Error as exc:
+            self._note_damage(exc)
+            raise
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         """Per key, whether the index holds an entry (one read transaction)."""
-        with self.reading() as txn:
-            return [txn.get(key, db=self.dbs.pages) is not None for key in keys]
+        try:
+            with self._env.begin(db=self.dbs.pages, buffers=True) as txn:
+                get = txn.get
+                return [get(key) is not None for key in keys]
+        except lmdb.Error as exc:
+            self._note_damage(exc)
+            raise
 
     def size(self) -> tuple[int, int]:
         """(pages, bytes used)."""
