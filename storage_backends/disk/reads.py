@@ -10,40 +10,20 @@ record) is a miss, and the key is dropped once a second read confirms the damage
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import lmdb
 
 from storage_backends.batch import byte_view, check_batch, check_keys
-from storage_backends.counters import StatCounters
-from storage_backends.disk.index import DiskIndex, IndexWriter
-from storage_backends.disk.io_pool import IoPool
+from storage_backends.disk.index import IndexWriter
 from storage_backends.disk.layout import Location
+from storage_backends.disk.parts import DiskParts
 from storage_backends.disk.read_plan import GAP_MAX, IOV_MAX, ReadRun, plan_reads
 from storage_backends.disk.records import check_read, check_run
-from storage_backends.disk.segments import SegmentFiles
-from storage_backends.log_limit import LogLimiter
 from storage_backends.page_format import HEADER_BYTES, Verdict
-from storage_backends.recency import FLUSH_AT, PendingTouches
+from storage_backends.recency import FLUSH_AT
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ReadContext:
-    """What the read path shares with the rest of its DiskBackend."""
-
-    root: Path
-    index: DiskIndex
-    segments: SegmentFiles
-    pool: IoPool
-    counters: StatCounters
-    log: LogLimiter
-    touches: PendingTouches
-    write_lock: threading.Lock  # serialises this process's index write transactions
 
 
 # A batch smaller than this per I/O thread is read on the calling thread (a pool hop
@@ -76,7 +56,7 @@ class DiskReads:
     malformed arguments before any read.
     """
 
-    def __init__(self, ctx: ReadContext) -> None:
+    def __init__(self, ctx: DiskParts) -> None:
         self._ctx = ctx
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
