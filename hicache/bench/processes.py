@@ -9,6 +9,7 @@ ends the process by PID: SIGTERM, then SIGKILL if it does not exit in time.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import selectors
@@ -172,6 +173,19 @@ def start_daemon(
         server.kill()
         raise
     return server
+
+
+def daemon_setting(text: str) -> str:
+    """``SECTION.KEY=VALUE`` as ``hicache serve --set`` takes it (an argparse type)."""
+    name, eq, _ = text.partition("=")
+    if not eq or "." not in name.strip(".") or " " in name:
+        raise argparse.ArgumentTypeError(f"expected SECTION.KEY=VALUE, got {text!r}")
+    return text
+
+
+def serve_sets(settings: Sequence[str]) -> list[str]:
+    """``hicache serve`` flags for ``settings`` (each ``SECTION.KEY=VALUE``)."""
+    return [arg for setting in settings for arg in ("--set", setting)]
 
 
 def start_echo(endpoint: str = "tcp://127.0.0.1:*") -> ServerProcess:

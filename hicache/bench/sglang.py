@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from hicache.bench.processes import daemon_setting, serve_sets
 from hicache.config.flags import at_least
 from hicache.integrations.sglang_cpu import Controller, HostPool, chain_hashes, enter_sglang
 
@@ -111,6 +112,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="add the linker's rows: SGLang's UnifiedRadixCache with HicacheLinker below it "
         "against the L3 path, same pages and daemon (imports SGLang's tree: slower start)",
+    )
+    parser.add_argument(
+        "--daemon-set",
+        action="append",
+        default=[],
+        type=daemon_setting,
+        metavar="SECTION.KEY=VALUE",
+        help="override one field of the daemon's config (repeatable; the bench's own: "
+        "store.sync=false, store.memory_bytes=1 GiB, the daemon's default store.backend), "
+        "e.g. store.backend=disk",
     )
     parser.add_argument(
         "--json", type=Path, help="write the rows as a JSON list here (default: print only)"
@@ -313,15 +324,19 @@ def _daemon_config(root: Path) -> Path:
     return path
 
 
-def measure(geometry: Geometry, root: Path, repeat: int) -> list[Row]:
-    """Every target's rows, each with the baseline's figure of the same op and batch."""
+def measure(
+    geometry: Geometry, root: Path, repeat: int, daemon_sets: Sequence[str] = ()
+) -> list[Row]:
+    """Every target's rows, each with the baseline's figure of the same op and batch;
+    ``daemon_sets``: ``SECTION.KEY=VALUE`` overrides of the daemons' config."""
     from hicache.bench.processes import start_daemon
 
     config = _daemon_config(root)
     ipc = f"ipc://{root / 'daemon.sock'}"
+    extra = serve_sets(daemon_sets)
     with (
-        start_daemon(config, root / "store-ipc", ipc) as on_ipc,
-        start_daemon(config, root / "store-tcp", "tcp://127.0.0.1:0") as on_tcp,
+        start_daemon(config, root / "store-ipc", ipc, extra=extra) as on_ipc,
+        start_daemon(config, root / "store-tcp", "tcp://127.0.0.1:0", extra=extra) as on_tcp,
     ):
         targets = [
             _Target(BASELINE, geometry, root, ""),
@@ -388,7 +403,7 @@ def run(args: argparse.Namespace) -> int:
     )
     root = Path(tempfile.mkdtemp(prefix="hicache-sglang-", dir=args.dir))
     try:
-        rows = measure(geometry, root, args.repeat)
+        rows = measure(geometry, root, args.repeat, args.daemon_set)
         linker_rows = _linker_rows(geometry, root, args.repeat) if args.linker else []
     finally:
         shutil.rmtree(root, ignore_errors=True)

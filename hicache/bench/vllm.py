@@ -23,6 +23,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from hicache.bench.processes import daemon_setting
 from hicache.config.flags import at_least
 
 if TYPE_CHECKING:
@@ -31,6 +32,18 @@ if TYPE_CHECKING:
     from hicache.integrations.vllm_cpu import PrimaryBuffer, TierDriver
 
 JOB_SIZES = (1, 8, 64)
+
+
+class DaemonArgs(NamedTuple):
+    """The daemon the daemon targets run: a config (shipped name or TOML path) and
+    ``SECTION.KEY=VALUE`` overrides of it."""
+
+    config: str
+    sets: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, daemon: DaemonArgs | str) -> DaemonArgs:
+        return daemon if isinstance(daemon, DaemonArgs) else cls(daemon)
 
 
 class Row(NamedTuple):
@@ -60,7 +73,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--daemon-config",
         default="daemon",
-        help="the daemon's config (shipped name or TOML; `daemon` fsyncs each commit)",
+        help="the daemon's config (shipped name or TOML; `daemon`: store.sync = index, "
+        "which fsyncs each commit of an lmdb store)",
+    )
+    parser.add_argument(
+        "--daemon-set",
+        action="append",
+        default=[],
+        type=daemon_setting,
+        metavar="SECTION.KEY=VALUE",
+        help="override one field of --daemon-config (repeatable), e.g. store.backend=disk "
+        "or store.sync=none",
     )
     parser.add_argument(
         "--json", default="", help="also write the rows to this JSON file (default: print only)"
@@ -85,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
             Path(args.dir) if args.dir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         )
         root.mkdir(parents=True, exist_ok=True)
-        rows = measure(root, chunk, args.chunks, targets, args.workers, args.daemon_config, stack)
+        daemon = DaemonArgs(args.daemon_config, tuple(args.daemon_set))
+        rows = measure(root, chunk, args.chunks, targets, args.workers, daemon, stack)
     report(rows, chunk)
     if args.json:
         Path(args.json).write_text(json.dumps([r._asdict() for r in rows], indent=2))
@@ -98,9 +122,11 @@ def measure(
     count: int,
     targets: list[str],
     workers: int,
-    daemon_config: str,
+    daemon: DaemonArgs | str,
     stack: ExitStack,
 ) -> list[Row]:
+    """Every target's store and load GB/s per job size, with its ratio over fs;
+    ``daemon``: the daemon's config (a name or TOML path, or with overrides)."""
     import numpy as np
 
     from hicache.integrations.vllm_cpu import PrimaryBuffer, cpu_offloading_spec
@@ -110,7 +136,7 @@ def measure(
     spec = cpu_offloading_spec(chunk, 2 * count, model="bench/vllm")
     configs: dict[str, dict[str, object]] = {"fs": {"type": "fs", "root_dir": str(root / "fs")}}
     for target in targets:
-        configs[target] = _tier_config(target, root, workers, daemon_config, stack)
+        configs[target] = _tier_config(target, root, workers, DaemonArgs.of(daemon), stack)
     speeds: dict[tuple[str, str, int], float] = {}
     for per_job in JOB_SIZES:
         for name, config in configs.items():
@@ -125,7 +151,7 @@ def measure(
 
 
 def _tier_config(
-    target: str, root: Path, workers: int, daemon_config: str, stack: ExitStack
+    target: str, root: Path, workers: int, daemon: DaemonArgs, stack: ExitStack
 ) -> dict[str, object]:
     ours: dict[str, object] = {
         "type": "HicacheTier",
@@ -135,10 +161,11 @@ def _tier_config(
     if target in ("lmdb", "disk"):
         local = {"backend": target, "path": str(root / target), "sync": False}
         return {**ours, "hicache_config": "default", **local}
-    from hicache.bench.processes import start_daemon
+    from hicache.bench.processes import serve_sets, start_daemon
 
     endpoint = f"ipc://{root}/daemon.sock" if target == "daemon-ipc" else "tcp://127.0.0.1:0"
-    server = stack.enter_context(start_daemon(daemon_config, root / f"{target}-store", endpoint))
+    store, extra = root / f"{target}-store", serve_sets(daemon.sets)
+    server = stack.enter_context(start_daemon(daemon.config, store, endpoint, extra=extra))
     return {**ours, "hicache_config": "remote", "endpoint": server.endpoint}
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 
+from hicache.bench.processes import daemon_setting
 from hicache.cli import main
+from storage_backends.store_kind import detect
 
 
 def test_bench_vllm_reports_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -21,3 +24,19 @@ def test_bench_vllm_reports_every_row(tmp_path: Path, capsys: pytest.CaptureFixt
     assert all(r["gbps"] > 0 for r in rows)
     assert all(r["ratio"] == 1.0 for r in rows if r["target"] == "fs")
     assert "ratio = over vLLM's fs tier" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "disk"])
+def test_daemon_set_reaches_the_daemon(tmp_path: Path, backend: str) -> None:
+    """``--daemon-set store.backend=...``: the daemon's store is of that kind."""
+    stores = tmp_path / "stores"
+    argv = ["bench", "vllm", "--chunk-kb", "4", "--chunks", "64", "--targets", "daemon-ipc"]
+    argv += ["--dir", str(stores), "--daemon-set", f"store.backend={backend}"]
+    assert main([*argv, "--daemon-set", "store.sync=none"]) == 0
+    assert detect(stores / "daemon-ipc-store") == backend
+
+
+@pytest.mark.parametrize("text", ["store.backend", "backend=disk", "store. x=1", "=1"])
+def test_a_malformed_daemon_setting_is_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        daemon_setting(text)
