@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import operator
 import threading
 import time
 from collections.abc import Sequence
@@ -408,15 +409,13 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
             raise ValueError(f"get_page_buffer_meta gave {len(ptrs)} pointers for {pages} pages")
         base, whole = self._pool_bytes()
         per_page = len(ptrs) // pages
-        out: list[list[memoryview]] = []
-        for p in range(pages):
-            lo, hi = p * per_page, (p + 1) * per_page
-            run = [(ptr - base, size) for ptr, size in zip(ptrs[lo:hi], sizes[lo:hi], strict=True)]
-            if sum(size for _, size in run) != geometry.nbytes or any(
-                offset < 0 or offset + size > len(whole) for offset, size in run
-            ):
-                raise ValueError("get_page_buffer_meta points outside the host pool's buffer")
-            out.append([whole[offset : offset + size] for offset, size in run])
+        offsets = [ptr - base for ptr in ptrs]
+        if min(offsets) < 0 or max(map(operator.add, offsets, sizes)) > len(whole):
+            raise ValueError("get_page_buffer_meta points outside the host pool's buffer")
+        runs = [whole[offset : offset + size] for offset, size in zip(offsets, sizes, strict=True)]
+        out = [runs[p * per_page : (p + 1) * per_page] for p in range(pages)]
+        if any(sum(map(len, page)) != geometry.nbytes for page in out):
+            raise ValueError("get_page_buffer_meta's runs do not add up to one flat page")
         return out
 
     def _pool_bytes(self) -> tuple[int, memoryview]:

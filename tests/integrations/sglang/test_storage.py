@@ -342,3 +342,31 @@ def test_a_dead_daemon_is_counted_as_backend_errors(daemon_factory: StartDaemon)
     assert backend.stats().backend_errors > after_one
     assert backend.stats().failures == {}  # no exception reached the adapter
     backend.close()
+
+
+@pytest.mark.parametrize("shift", ["past", "before", "short"])
+def test_page_runs_that_do_not_fit_the_pool_are_a_failure_not_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shift: str
+) -> None:
+    """``get_page_buffer_meta`` pointing past the pool, or runs that do not make up a
+    page: every page a miss, nothing written into the pool, nothing stored."""
+    pool = filled()
+    backend = ours(pool, lmdb_extra(tmp_path / "s"))
+    keys = keys_for(9, pages=2)
+    assert backend.batch_set_v1(keys, pool.page_indices([0, 1])) == [True, True]
+    real = pool.get_page_buffer_meta
+
+    def bad_meta(indices: torch.Tensor) -> tuple[list[int], list[int]]:
+        ptrs, sizes = real(indices)
+        if shift in ("past", "before"):
+            moved = pool.kv_buffer.nbytes * (1 if shift == "past" else -1)
+            return [p + moved for p in ptrs], list(sizes)
+        return list(ptrs), [s - 1 for s in sizes]
+
+    monkeypatch.setattr(pool, "get_page_buffer_meta", bad_meta)
+    before = pool.kv_buffer.clone()
+    assert backend.batch_get_v1(keys, pool.page_indices([2, 3])) == [False, False]
+    assert torch.equal(pool.kv_buffer, before)
+    assert backend.batch_set_v1(keys_for(10, pages=2), pool.page_indices([0, 1])) == [False] * 2
+    assert backend.batch_exists(keys_for(10, pages=2)) == 0
+    backend.close()
