@@ -7,14 +7,6 @@ write per span instead of one per record costs, on a Linux page cache, about the
 of a raw write of the payloads (measured: one write per record took ~1.6x that at 64
 KiB pages). The gap between a record's end and the next slot (under one alignment
 unit) is written as zeros. Gets read runs too, planned their own way (``read_plan``).
-
-A span also holds at most ``SPAN_BYTES`` of slots (at least one record): its records'
-checksums are computed just before its ``pwritev``, so a span that fits the CPU's
-last-level cache is still there when the kernel copies it, and the payload is read
-from memory once. Measured: a batch of 16 pages of 8 MiB in one span cost ~1.6x the
-CPU of a raw write of the payloads, one span per page ~1.45x; at 64 KiB and 1 MiB the
-cap changes nothing measurable (their spans fit the cache already). Hashing and
-writing a record in smaller pieces (one ``pwrite`` per piece) cost more than it saved.
 """
 
 from __future__ import annotations
@@ -26,7 +18,6 @@ from typing import NamedTuple
 from storage_backends.disk.layout import BLOCK, SlotRun
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
-SPAN_BYTES = 8 << 20  # slots a span covers at most (one record at least)
 GAP_MAX = BLOCK  # a gap is shorter than one alignment unit
 _ZEROS = bytes(GAP_MAX)
 
@@ -41,20 +32,12 @@ class Span(NamedTuple):
     n_records: int
 
 
-def spans(
-    runs: Sequence[SlotRun],
-    stride: int,
-    iovs_per_record: int,
-    parts: int,
-    max_bytes: int = SPAN_BYTES,
-) -> list[Span]:
+def spans(runs: Sequence[SlotRun], stride: int, iovs_per_record: int, parts: int) -> list[Span]:
     """Cut the slot runs a group of pages was given (its pages in order, run after run)
-    into spans within the kernel's iovec limit, of at most ``max_bytes`` of slots (one
-    record at least) and, so that ``parts`` threads share the work, at most ``total /
-    parts`` records long."""
+    into spans within the kernel's iovec limit and, so that ``parts`` threads share the
+    work, at most ``total / parts`` records long."""
     total = sum(run.n_slots for run in runs)
-    share = -(-total // max(1, parts))
-    cap = max(1, min(_IOV_MAX // iovs_per_record, share, max_bytes // stride))
+    cap = max(1, min(_IOV_MAX // iovs_per_record, -(-total // max(1, parts))))
     out: list[Span] = []
     first = 0
     for run in runs:

@@ -11,9 +11,8 @@ import pytest
 
 from storage_backends import StorageConfig, create
 from storage_backends.disk.layout import SlotRun
-from storage_backends.disk.runs import GAP_MAX, SPAN_BYTES, Span, gap, spans
+from storage_backends.disk.runs import GAP_MAX, Span, gap, spans
 from storage_backends.disk.scan import locate
-from storage_backends.page_format import encode_page
 
 
 def _key(i: int) -> bytes:
@@ -44,48 +43,6 @@ def test_spans_cut_runs_into_the_thread_share_and_the_iovec_limit() -> None:
     assert sum(span.n_records for span in many) == 5000
     assert max(span.n_records for span in many) * 3 <= os.sysconf("SC_IOV_MAX")
     assert [span.first for span in many] == [span.offset // 10 for span in many]
-
-
-def test_spans_hold_at_most_max_bytes_of_slots_and_one_record_at_least() -> None:
-    assert spans([SlotRun(0, 0, 8)], 100, 3, 1, max_bytes=250) == [
-        Span(0, n * 200, 2 * n, 2) for n in range(4)
-    ]
-    # A record larger than the cap is a span of its own.
-    assert spans([SlotRun(0, 0, 3)], 100, 3, 1, max_bytes=50) == [
-        Span(0, n * 100, n, 1) for n in range(3)
-    ]
-    default = spans([SlotRun(0, 0, 64)], 1 << 20, 3, 1)
-    assert max(span.n_records for span in default) * (1 << 20) <= SPAN_BYTES
-
-
-@pytest.mark.parametrize("threads", [1, 4])
-def test_records_of_a_batch_cut_into_many_spans_are_the_one_shot_records(
-    tmp_path: Path, threads: int
-) -> None:
-    """Each record on disk, written span by span on the I/O pool, is byte for byte the
-    header (one-shot xxh3 of the payload) and payload that ``encode_page`` builds."""
-    size = (SPAN_BYTES // 3) + 12345  # a few records a span, gaps between them
-    n = 7
-    config = StorageConfig(
-        backend="disk",
-        path=str(tmp_path / "store"),
-        max_bytes=64 << 20,
-        sync="none",
-        io_threads=threads,
-    )
-    store = create("disk", config)
-    keys = [_key(i) for i in range(n)]
-    payloads = [_payload(i, size) for i in range(n)]
-    try:
-        assert all(store.put(keys, [memoryview(p) for p in payloads]))
-    finally:
-        store.close()
-    for key, payload in zip(keys, payloads, strict=True):
-        place = locate(tmp_path / "store", key)
-        assert place is not None
-        with open(place.segment, "rb") as f:
-            f.seek(place.offset)
-            assert f.read(place.length) == encode_page(key, payload)
 
 
 def test_a_gap_is_shorter_than_one_alignment_unit() -> None:
