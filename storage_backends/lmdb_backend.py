@@ -33,6 +33,7 @@ from storage_backends.errors import (
 )
 from storage_backends.lmdb_check import check_store
 from storage_backends.lmdb_clean import OpenLock, OpenState
+from storage_backends.lmdb_env import open_env, raise_if_damage
 from storage_backends.page_format import (
     HEADER_BYTES,
     Verdict,
@@ -63,15 +64,6 @@ _MIN_HEADROOM = 64 << 20
 # healthy store of millions of pages takes seconds (minutes on a cold disk). Running
 # out of time is not damage: the store is then opened unchecked.
 CHECK_MIN_S = 60.0
-# LMDB errors that mean the store's structure (not one call) is broken.
-_DAMAGE_ERRORS = (
-    lmdb.CorruptedError,
-    lmdb.PageNotFoundError,
-    lmdb.PanicError,
-    lmdb.InvalidError,
-    lmdb.BadTxnError,
-    lmdb.VersionMismatchError,
-)
 
 
 def _u64(value: int) -> bytes:
@@ -185,26 +177,12 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
 
 
 def _raise_if_damage(exc: lmdb.Error, path: str) -> None:
-    if isinstance(exc, _DAMAGE_ERRORS):
-        raise StoreDamagedError(f"LMDB store {path}: {type(exc).__name__}: {exc}") from exc
+    raise_if_damage(exc, f"LMDB store {path}")
 
 
 def _open_env(path: Path, config: StorageConfig) -> lmdb.Environment:
     map_size = config.map_size or config.max_bytes + max(config.max_bytes // 4, _MIN_HEADROOM)
-    try:
-        # metasync=False keeps commits atomic and consistent and halves the fsyncs.
-        return lmdb.open(
-            str(path),
-            map_size=map_size,
-            subdir=True,
-            max_dbs=4,
-            metasync=False,
-            sync=config.sync_level.fsync_index,
-            max_spare_txns=4,
-        )
-    except lmdb.Error as exc:
-        _raise_if_damage(exc, str(path))
-        raise StorageOpenError(f"storage.path {path}: cannot open LMDB store: {exc}") from exc
+    return open_env(path, map_size, 4, config.sync_level.fsync_index, "LMDB store")
 
 
 class LmdbBackend:
@@ -248,16 +226,9 @@ class LmdbBackend:
                 logger.info("LMDB store %s: %s, not checked", path, state.value)
             return path
         bound = max(CHECK_MIN_S, self._config.timeout_s)
-        result = check_store(path, bound)
+        result = check_store(path, bound)  # a check out of time is logged, not damage
         if result.damage is not None:
             return self._quarantine(path, result.damage)
-        if not result.finished:
-            logger.warning(
-                "LMDB store %s: the structural check did not finish in %g s; opening it "
-                "unchecked (each page is still verified when read)",
-                path,
-                bound,
-            )
         return path
 
     def _take_hold(self, path: Path) -> OpenState:

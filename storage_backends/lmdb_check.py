@@ -3,17 +3,19 @@
 LMDB keeps no checksums on its B-tree pages: a damaged or truncated
 ``data.mdb`` can make the process that reads it die by SIGBUS, or abort on an
 assertion inside a write. So the store is walked first in a child process
-(``python -m storage_backends.lmdb_check <path>``): every sub-database's keys,
-the last byte of every value (a value past the end of the file is what
-raises SIGBUS), and the meta table; before that, ``lmdb_pages`` checks the
-file's pages as a write would meet them (page numbers, free list), since
-LMDB aborts the process on such damage inside a write. The child exits 0 when the store is
-sound and 1 with the reason on stdout when it found damage; dying by a
-signal is damage too.
+(``python -m storage_backends.lmdb_check <path>``): the keys of every named
+database the main database lists, the last byte of every value (a value past
+the end of the file is what raises SIGBUS), and the meta table; before that,
+``lmdb_pages`` checks the file's pages as a write would meet them (page
+numbers, free list), since LMDB aborts the process on such damage inside a
+write. The child writes its ``WalkReport`` as one JSON line on stdout and exits 0
+when the store is sound, 1 when it found damage; dying by a signal is damage too.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import mmap
 import os
 import subprocess
@@ -23,9 +25,9 @@ from typing import NamedTuple
 
 import lmdb
 
-from storage_backends.lmdb_pages import walk_pages
+logger = logging.getLogger(__name__)
 
-_DB_NAMES = (b"pages", b"lru", b"atime", b"meta")
+_MAX_DBS = 16  # named databases a store may have (the backends use six at most)
 _U64_META = (b"format_version", b"bytes_used")
 _FINGERPRINT = b"fingerprint"
 
@@ -36,6 +38,27 @@ class CheckResult(NamedTuple):
 
     damage: str | None
     finished: bool = True
+
+
+class WalkReport(NamedTuple):
+    """What the child found: ``damage`` (None: sound), the named databases it walked
+    (a store that was never written has none yet) and their entries in all."""
+
+    damage: str | None
+    databases: tuple[str, ...] = ()
+    entries: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(self._asdict())
+
+    @staticmethod
+    def from_json(line: str) -> WalkReport | None:
+        """The report on ``line``, or None when it is not one."""
+        try:
+            raw = json.loads(line)
+            return WalkReport(raw["damage"], tuple(raw["databases"]), int(raw["entries"]))
+        except (ValueError, TypeError, KeyError):
+            return None
 
 
 def check_store(path: Path, timeout_s: float) -> CheckResult:
@@ -53,13 +76,25 @@ def check_store(path: Path, timeout_s: float) -> CheckResult:
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
+        logger.warning(
+            "the structural check of %s did not finish in %g s; opening it unchecked "
+            "(each page is still verified when read)",
+            path,
+            timeout_s,
+        )
         return CheckResult(None, finished=False)
-    except OSError:
+    except OSError as exc:
+        logger.warning("could not start the structural check of %s (%s); opening it", path, exc)
         return CheckResult(None)
     if done.returncode < 0:
         return CheckResult(f"reading it killed the checking process (signal {-done.returncode})")
+    lines = done.stdout.strip().splitlines()
+    report = WalkReport.from_json(lines[-1]) if lines else None
+    if report is None:  # the child failed before it could report: no sound verdict
+        return CheckResult(done.stderr.strip()[-300:] or "the check failed without a report")
     if done.returncode != 0:
-        return CheckResult(done.stdout.strip() or done.stderr.strip()[-300:] or "check failed")
+        return CheckResult(report.damage or "the check failed without naming the damage")
+    logger.debug("checked %s: %s, %d entries", path, ", ".join(report.databases), report.entries)
     return CheckResult(None)
 
 
@@ -91,6 +126,8 @@ def _check_meta(txn: lmdb.Transaction, db: lmdb._Database) -> str | None:
 
 def _walk_file(data: str) -> str | None:
     """The page-level check (``lmdb_pages``) on the file's bytes, before LMDB maps it."""
+    from storage_backends.lmdb_pages import walk_pages  # numpy: loaded in the child only
+
     with open(data, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:  # LMDB initialises an empty file
             return None
@@ -98,42 +135,46 @@ def _walk_file(data: str) -> str | None:
             return walk_pages(view).damage
 
 
-def walk(path: str) -> str | None:
-    """The check itself (run in the child): None if sound, else the damage."""
+def _database_names(txn: lmdb.Transaction, main: lmdb._Database) -> list[bytes]:
+    """The main database's keys: the names of the named databases (each walked)."""
+    return [bytes(key) for key in txn.cursor(db=main).iternext(keys=True, values=False)]
+
+
+def walk(path: str) -> WalkReport:
+    """The check itself (run in the child)."""
     data = os.path.join(path, "data.mdb")
     damage = _walk_file(data)
     if damage is not None:
-        return damage
-    env = lmdb.open(path, readonly=True, max_dbs=len(_DB_NAMES), subdir=True)
+        return WalkReport(damage)
+    env = lmdb.open(path, readonly=True, max_dbs=_MAX_DBS, subdir=True)
     try:
         psize, last_pgno = env.stat()["psize"], env.info()["last_pgno"]
         if os.path.getsize(data) < (last_pgno + 1) * psize:
-            return f"data.mdb is truncated: {os.path.getsize(data)} bytes, pages up to {last_pgno}"
+            size = os.path.getsize(data)
+            return WalkReport(f"data.mdb is truncated: {size} bytes, pages up to {last_pgno}")
         with env.begin(buffers=True) as txn:
-            _walk_db(txn, env.open_db(None, txn=txn))
-            dbs = {}
-            for name in _DB_NAMES:
-                try:
-                    dbs[name] = env.open_db(name, txn=txn, create=False)
-                except lmdb.NotFoundError:  # not created yet: nothing in it to damage
-                    continue
-                _walk_db(txn, dbs[name])
-            if b"meta" in dbs:
-                return _check_meta(txn, dbs[b"meta"])
+            main = env.open_db(None, txn=txn)
+            entries = _walk_db(txn, main)
+            names = _database_names(txn, main)
+            if len(names) > _MAX_DBS:
+                return WalkReport(f"the main database lists {len(names)} databases")
+            for name in names:
+                db = env.open_db(name, txn=txn, create=False)  # listed: it exists
+                entries += _walk_db(txn, db)
+                if name == b"meta" and (damage := _check_meta(txn, db)) is not None:
+                    return WalkReport(damage)
     finally:
         env.close()
-    return None
+    return WalkReport(None, tuple(n.decode(errors="replace") for n in names), entries)
 
 
 def main() -> int:
     try:
-        damage = walk(sys.argv[1])
+        report = walk(sys.argv[1])
     except lmdb.Error as exc:
-        damage = f"{type(exc).__name__}: {exc}"
-    if damage is None:
-        return 0
-    print(damage)
-    return 1
+        report = WalkReport(f"{type(exc).__name__}: {exc}")
+    sys.stdout.write(report.to_json() + "\n")
+    return 0 if report.damage is None else 1
 
 
 if __name__ == "__main__":

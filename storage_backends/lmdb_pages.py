@@ -23,6 +23,8 @@ import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
+import numpy as np
+
 _MAGIC = 0xBEEFC0DE
 _HDR = 16
 _P_BRANCH, _P_LEAF, _P_OVERFLOW = 0x01, 0x02, 0x04
@@ -60,20 +62,70 @@ class _Node(NamedTuple):
     size: int  # data size (leaf) or child page (branch)
 
 
+# Pages whose nodes are checked in one vectorised step: bounds the arrays (a few MB).
+_CHUNK_PAGES = 4096
+
+
+class _Level(NamedTuple):
+    """The nodes of some pages, one entry a node (numpy arrays of the same length)."""
+
+    flags: np.ndarray
+    data_at: np.ndarray
+    size: np.ndarray
+
+
 class _Walker:
+    """Walks trees a level at a time, each level's pages and nodes checked with numpy
+    (a store of millions of pages has millions of nodes)."""
+
     def __init__(self, buf: bytes | memoryview, psize: int, last_pg: int) -> None:
         self._buf = buf
+        self._bytes = np.frombuffer(buf, dtype=np.uint8)
         self._psize = psize
         self._last = last_pg
-        self._used: set[int] = set()
+        self._used = np.zeros(last_pg + 1, dtype=bool)
+
+    def _u16(self, at: np.ndarray) -> np.ndarray:
+        b = self._bytes
+        return b[at].astype(np.int64) | b[at + 1].astype(np.int64) << 8
+
+    def _mark(self, pgnos: np.ndarray) -> None:
+        """Check that each page is inside the file and reached once; mark them used."""
+        outside = (pgnos < 2) | (pgnos > self._last)
+        if outside.any():
+            pgno = int(pgnos[outside.argmax()])
+            raise _Damage(f"page {pgno} is outside pages 2..{self._last}")
+        unique, counts = np.unique(pgnos, return_counts=True)
+        twice = self._used[unique] | (counts > 1)
+        if twice.any():
+            raise _Damage(f"page {int(unique[twice.argmax()])} is reached twice")
+        self._used[pgnos] = True
+
+    def _pages(self, pgnos: np.ndarray, kinds: int) -> np.ndarray:
+        """File offsets of pages ``pgnos`` after checking numbers, kinds and first visits."""
+        self._mark(pgnos)
+        at = pgnos * self._psize
+        own = np.zeros(len(at), dtype=np.int64)
+        for i in range(8):
+            own |= self._bytes[at + i].astype(np.int64) << (8 * i)
+        wrong = own != pgnos
+        if wrong.any():
+            i = int(wrong.argmax())
+            raise _Damage(f"page {int(pgnos[i])} says it is page {int(own[i]) & (2**64 - 1)}")
+        flags = self._u16(at + 10)
+        bad = (flags & kinds) == 0
+        if bad.any():
+            i = int(bad.argmax())
+            raise _Damage(f"page {int(pgnos[i])} has flags {int(flags[i]):#x}, expected {kinds:#x}")
+        return at
 
     def _page(self, pgno: int, kinds: int) -> int:
-        """File offset of page ``pgno`` after checking its number, kind and first visit."""
+        """``_pages`` for one page (an overflow run's first), without numpy's per-call cost."""
         if not 2 <= pgno <= self._last:
             raise _Damage(f"page {pgno} is outside pages 2..{self._last}")
-        if pgno in self._used:
+        if self._used[pgno]:
             raise _Damage(f"page {pgno} is reached twice")
-        self._used.add(pgno)
+        self._used[pgno] = True
         at = pgno * self._psize
         own, _, flags = struct.unpack_from("<QHH", self._buf, at)
         if own != pgno:
@@ -82,40 +134,58 @@ class _Walker:
             raise _Damage(f"page {pgno} has flags {flags:#x}, expected {kinds:#x}")
         return at
 
-    def _nodes(self, at: int, leaf: bool) -> list[_Node]:
-        lower, upper = struct.unpack_from("<HH", self._buf, at + 12)
-        if not (_HDR <= lower <= upper <= self._psize and lower % 2 == 0):
-            raise _Damage(f"page at {at} has bounds {lower}..{upper}")
-        count = (lower - _HDR) // 2
-        nodes = []
-        for offset in struct.unpack_from(f"<{count}H", self._buf, at + _HDR):
-            if not upper <= offset <= self._psize - 8:
-                raise _Damage(f"a node of the page at {at} starts outside it")
-            lo, hi, flags, ksize = _NODE.unpack_from(self._buf, at + offset)
-            data_at = at + offset + 8 + ksize
-            if leaf:
-                size = lo | hi << 16
-                end = data_at + (8 if flags & _F_BIGDATA else size)
-            else:
-                size, end = lo | hi << 16 | flags << 32, data_at
-            if end > at + self._psize:
-                raise _Damage(f"a node of the page at {at} runs past the page")
-            nodes.append(_Node(flags, data_at, size))
-        return nodes
+    def _nodes(self, at: np.ndarray, leaf: np.ndarray) -> _Level:
+        """Every node of the pages at ``at`` (``leaf``: per page), bounds checked."""
+        lower, upper = self._u16(at + 12), self._u16(at + 14)
+        bad = (lower < _HDR) | (lower > upper) | (upper > self._psize) | (lower % 2 == 1)
+        if bad.any():
+            i = int(bad.argmax())
+            raise _Damage(f"page at {int(at[i])} has bounds {int(lower[i])}..{int(upper[i])}")
+        counts = (lower - _HDR) // 2
+        first = np.repeat(np.cumsum(counts) - counts, counts)
+        page_at = np.repeat(at, counts)
+        slot = np.arange(int(counts.sum()), dtype=np.int64) - first
+        offset = self._u16(page_at + _HDR + 2 * slot)
+        top = np.repeat(upper, counts)
+        outside = (offset < top) | (offset > self._psize - 8)
+        if outside.any():
+            raise _Damage(
+                f"a node of the page at {int(page_at[outside.argmax()])} starts outside it"
+            )
+        node = page_at + offset
+        lo, hi, flags, ksize = (self._u16(node + 2 * k) for k in range(4))
+        data_at = node + 8 + ksize
+        is_leaf = np.repeat(leaf, counts)
+        size = np.where(is_leaf, lo | hi << 16, lo | hi << 16 | flags << 32)
+        end = np.where(is_leaf, data_at + np.where(flags & _F_BIGDATA, 8, size), data_at)
+        past = end > page_at + self._psize
+        if past.any():
+            raise _Damage(f"a node of the page at {int(page_at[past.argmax()])} runs past the page")
+        return _Level(np.where(is_leaf, flags, -1), data_at, size)
 
-    def tree(self, root: int, depth: int = 0) -> Iterator[_Node]:
-        """Every leaf node of the tree at ``root`` (pages checked on the way)."""
+    def tree(self, root: int, wanted: int | None = None) -> Iterator[_Node]:
+        """The leaf nodes of the tree at ``root`` (pages checked on the way): all of them,
+        or only those whose flags share a bit with ``wanted``."""
         if root == _P_INVALID:
             return
-        if depth > _MAX_DEPTH:
-            raise _Damage("a tree is deeper than any LMDB tree")
-        at = self._page(root, _P_BRANCH | _P_LEAF)
-        (flags,) = struct.unpack_from("<H", self._buf, at + 10)
-        if not flags & _P_BRANCH:
-            yield from self._nodes(at, leaf=True)
-            return
-        for node in self._nodes(at, leaf=False):
-            yield from self.tree(node.size, depth + 1)
+        level = np.array([root], dtype=np.int64)
+        for _depth in range(_MAX_DEPTH + 1):
+            children = []
+            for start in range(0, len(level), _CHUNK_PAGES):
+                pgnos = level[start : start + _CHUNK_PAGES]
+                at = self._pages(pgnos, _P_BRANCH | _P_LEAF)
+                nodes = self._nodes(at, (self._u16(at + 10) & _P_BRANCH) == 0)
+                branch = nodes.flags < 0
+                children.append(nodes.size[branch])
+                keep = ~branch if wanted is None else (nodes.flags & wanted) != 0
+                keep &= ~branch
+                kept = zip(nodes.flags[keep], nodes.data_at[keep], nodes.size[keep], strict=True)
+                for f, d, z in kept:
+                    yield _Node(int(f), int(d), int(z))
+            level = np.concatenate(children) if children else level[:0]
+            if not len(level):
+                return
+        raise _Damage("a tree is deeper than any LMDB tree")
 
     def data(self, node: _Node) -> memoryview:
         """A leaf node's data, following an overflow run (checked and marked used); its
@@ -127,7 +197,7 @@ class _Walker:
         (count,) = struct.unpack_from("<I", self._buf, at + 12)
         if count < 1 or first + count - 1 > self._last or count * self._psize < node.size:
             raise _Damage(f"overflow run at page {first} of {count} pages does not fit")
-        self._used.update(range(first + 1, first + count))
+        self._used[first + 1 : first + count] = True
         return memoryview(self._buf)[at + _HDR : at + _HDR + node.size]
 
     def free_list(self, root: int) -> list[FreeEntry]:
@@ -155,7 +225,7 @@ class _Walker:
         for entry in free:
             if not 2 <= entry.pgno <= self._last:
                 raise _Damage(f"free page {entry.pgno} is outside pages 2..{self._last}")
-            if entry.pgno in self._used:
+            if self._used[entry.pgno]:
                 raise _Damage(f"page {entry.pgno} is both free and in use")
             if entry.pgno in seen:
                 raise _Damage(f"page {entry.pgno} is listed free twice")
@@ -200,14 +270,13 @@ def walk_pages(buf: bytes | memoryview) -> PageWalk:
         if len(buf) < (last + 1) * psize:
             raise _Damage(f"data.mdb is truncated: {len(buf)} bytes, pages up to {last}")
         walker = _Walker(buf, psize, last)
-        for node in walker.tree(main_root):
+        for node in walker.tree(main_root, _F_SUBDATA | _F_BIGDATA):
             if node.flags & _F_SUBDATA:  # a named database: its MDB_db record
                 record = walker.data(node)
                 if len(record) != _DB.size:
                     raise _Damage(f"a database record at {node.data_at} has {len(record)} bytes")
-                for sub in walker.tree(_DB.unpack_from(record)[-1]):
-                    if sub.flags & _F_BIGDATA:
-                        walker.data(sub)
+                for sub in walker.tree(_DB.unpack_from(record)[-1], _F_BIGDATA):
+                    walker.data(sub)
             elif node.flags & _F_BIGDATA:
                 walker.data(node)
         free = walker.free_list(free_root)

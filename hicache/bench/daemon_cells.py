@@ -11,18 +11,17 @@ frames to the plain zmq echo, which stores and checks nothing.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import NamedTuple, Protocol
 
 import msgpack
 import numpy as np
 import zmq
 
+from hicache.bench.processes import process_cpu_s
 from storage_backends.page_format import HEADER_BYTES
 from storage_backends.remote.client import chunks
 
@@ -116,16 +115,6 @@ class EchoClient:
         for sock in self._sockets:
             sock.close(linger=0)
         self._ctx.term()
-
-
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, every thread) process ``pid`` has used; 0.0 where
-    ``/proc`` cannot tell."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def drive(clients: int, work: Callable[[int], list[float]]) -> Timing:

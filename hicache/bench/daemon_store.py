@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,14 +22,12 @@ from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
-from hicache.bench.processes import ServerProcess, start_daemon
+from hicache.bench.processes import ServerProcess, process_cpu_s, start_daemon
 from hicache.config.daemon import STORE_BACKENDS
 from hicache.config.flags import at_least
 from storage_backends import StorageConfig
 from storage_backends.config import SYNC_LEVELS
 from storage_backends.remote.client import RemoteBackend
-
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class StoreKind(NamedTuple):
@@ -89,18 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
 def _timed(pid: int, calls: list[Callable[[], list[bool]]], nbytes: int) -> Phase:
-    cpu, start = _cpu_s(pid), time.perf_counter()
+    cpu, start = process_cpu_s(pid), time.perf_counter()
     for call in calls:
         if not all(call()):
             raise RuntimeError("a page was not stored or not read back")
-    return Phase(time.perf_counter() - start, _cpu_s(pid) - cpu, nbytes)
+    return Phase(time.perf_counter() - start, process_cpu_s(pid) - cpu, nbytes)
 
 
 def _config_text(kind: StoreKind, max_bytes: int) -> str:

@@ -179,3 +179,13 @@ def start_echo(endpoint: str = "tcp://127.0.0.1:*") -> ServerProcess:
     from hicache.bench.zmq_echo import BANNER
 
     return ServerProcess([sys.executable, "-m", "hicache.bench.zmq_echo", endpoint], BANNER)
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used; 0.0 where
+    ``/proc`` cannot tell."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -28,7 +28,7 @@ class _SizeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         writer, size = self._writer(), self._size()
         for name, help_text, value in (
-            ("commits", "LMDB write transactions of PUTs (group commits)", writer.commits),
+            ("commits", "store write transactions of PUTs (group commits)", writer.commits),
             ("committed_put_requests", "PUT requests in those commits", writer.committed_requests),
             ("writer_failures", "write batches that raised (answered INTERNAL)", writer.failures),
             ("corrupt_pages", "stored pages found damaged and dropped", size.store_corrupt),

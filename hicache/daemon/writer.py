@@ -38,7 +38,7 @@ class WriteDone(NamedTuple):
 
 
 class WriterStats(NamedTuple):
-    commits: int  # store.put calls (one LMDB transaction each)
+    commits: int  # store.put calls (one store write transaction each)
     committed_requests: int  # PUT requests they carried (group commit: more than commits)
     failures: int  # batches that raised
 

@@ -22,9 +22,10 @@ from storage_backends.disk.index import DiskIndex
 from storage_backends.disk.io_pool import IoPool
 from storage_backends.disk.layout import INDEX_DIR
 from storage_backends.disk.owners import Ownership
-from storage_backends.disk.reads import DiskReads, ReadContext
+from storage_backends.disk.parts import DiskParts
+from storage_backends.disk.reads import DiskReads
 from storage_backends.disk.segments import SegmentFiles, check_direct_io
-from storage_backends.disk.writes import DiskWrites, FaultHook, WriteContext
+from storage_backends.disk.writes import DiskWrites, FaultHook
 from storage_backends.errors import StorageClosedError, StoreDamagedError
 from storage_backends.lmdb_check import check_store
 from storage_backends.log_limit import LogLimiter
@@ -67,30 +68,19 @@ class DiskBackend:
         self._write_lock = threading.Lock()
         self._touches = PendingTouches()
         self._closed = False
-        self._reads = DiskReads(
-            ReadContext(
-                self._root,
-                self._index,
-                self._segments,
-                self._pool,
-                self._counters,
-                self._log,
-                self._touches,
-                self._write_lock,
-            )
+        parts = DiskParts(
+            config,
+            self._root,
+            self._index,
+            self._segments,
+            self._pool,
+            self._counters,
+            self._log,
+            self._touches,
+            self._write_lock,
         )
-        self._writes = DiskWrites(
-            WriteContext(
-                config,
-                self._index,
-                self._segments,
-                self._pool,
-                self._counters,
-                self._log,
-                self._touches,
-                self._write_lock,
-            )
-        )
+        self._reads = DiskReads(parts)
+        self._writes = DiskWrites(parts)
 
     # -- opening -------------------------------------------------------------------------
 

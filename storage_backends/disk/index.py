@@ -33,6 +33,7 @@ from storage_backends.disk.layout import (
     SlotRun,
 )
 from storage_backends.errors import StorageOpenError, StoreDamagedError
+from storage_backends.lmdb_env import DAMAGE_ERRORS, open_env, raise_if_damage
 from storage_backends.page_format import HEADER_BYTES
 from storage_backends.store_dir import StoreMeta, reconcile_meta, stored_fingerprint
 
@@ -46,17 +47,9 @@ _MAX_MAP = 1 << 46  # 64 TiB of address space (x86-64 user space is 128 TiB)
 # A page's entries (key -> location, stamp -> key) with their B-tree share, a freed
 # slot's two entries, and room for copy-on-write pages of a commit.
 INDEX_BYTES_PER_PAGE = 512
+_WHAT = "the disk store index"
 _OWNER = struct.Struct(">IQ")
 _STAMP = struct.Struct(">Q")  # lru keys: big-endian, so a cursor walks them oldest first
-# LMDB errors that mean the index's structure (not one call) is broken.
-DAMAGE_ERRORS = (
-    lmdb.CorruptedError,
-    lmdb.PageNotFoundError,
-    lmdb.PanicError,
-    lmdb.InvalidError,
-    lmdb.BadTxnError,
-    lmdb.VersionMismatchError,
-)
 
 
 class IndexDbs(NamedTuple):
@@ -66,11 +59,6 @@ class IndexDbs(NamedTuple):
     free: lmdb._Database
     free_class: lmdb._Database
     pending: lmdb._Database
-
-
-def raise_if_damage(exc: lmdb.Error, path: Path) -> None:
-    if isinstance(exc, DAMAGE_ERRORS):
-        raise StoreDamagedError(f"disk store index {path}: {type(exc).__name__}: {exc}") from exc
 
 
 def map_size(config: StorageConfig) -> int:
@@ -292,27 +280,18 @@ class DiskIndex:
         self.damaged = False  # a transaction met structural damage: never marked clean
         try:
             path.mkdir(exist_ok=True)
-            self._env = lmdb.open(
-                str(path),
-                map_size=map_size(config),
-                subdir=True,
-                max_dbs=len(DB_NAMES),
-                metasync=False,  # commits stay atomic; each fsync flushes the last meta page
-                sync=config.sync_level.fsync_index,
-                max_spare_txns=4,
-            )
-        except lmdb.Error as exc:
-            raise_if_damage(exc, path)
-            raise StorageOpenError(f"storage.path {path}: cannot open the index: {exc}") from exc
         except OSError as exc:
-            raise StorageOpenError(f"storage.path {path}: cannot open the index: {exc}") from exc
+            raise StorageOpenError(f"storage.path {path}: cannot open {_WHAT}: {exc}") from exc
+        self._env = open_env(
+            path, map_size(config), len(DB_NAMES), config.sync_level.fsync_index, _WHAT
+        )
         try:
             self._env.reader_check()  # reader slots of processes killed while reading
             self.dbs = IndexDbs(*(self._env.open_db(name) for name in DB_NAMES))
             self.segment_bytes = self._init_meta()
         except lmdb.Error as exc:
             self._env.close()
-            raise_if_damage(exc, path)
+            raise_if_damage(exc, f"{_WHAT} {path}")
             raise StorageOpenError(f"storage.path {path}: {exc}") from exc
         except BaseException:
             self._env.close()
@@ -364,7 +343,7 @@ class DiskIndex:
         """StoreDamagedError for structural damage (remembered); else nothing."""
         if isinstance(exc, DAMAGE_ERRORS):
             self.damaged = True
-            raise_if_damage(exc, self.path)
+            raise_if_damage(exc, f"{_WHAT} {self.path}")
 
     def raw_locations(self, keys: Sequence[bytes]) -> Located:
         """Each key's index value as stored (None: absent), the newest recency stamp and
@@ -382,16 +361,27 @@ class DiskIndex:
             raise
 
     def count_leading(self, keys: Sequence[bytes]) -> int:
-        with self.reading() as txn:
-            for count, key in enumerate(keys):
-                if txn.get(key, db=self.dbs.pages) is None:
-                    return count
-        return len(keys)
+        """How many leading keys the index holds (one read transaction)."""
+        try:
+            with self._env.begin(db=self.dbs.pages, buffers=True) as txn:
+                get = txn.get
+                for count, key in enumerate(keys):
+                    if get(key) is None:
+                        return count
+                return len(keys)
+        except lmdb.Error as exc:
+            self._note_damage(exc)
+            raise
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         """Per key, whether the index holds an entry (one read transaction)."""
-        with self.reading() as txn:
-            return [txn.get(key, db=self.dbs.pages) is not None for key in keys]
+        try:
+            with self._env.begin(db=self.dbs.pages, buffers=True) as txn:
+                get = txn.get
+                return [get(key) is not None for key in keys]
+        except lmdb.Error as exc:
+            self._note_damage(exc)
+            raise
 
     def size(self) -> tuple[int, int]:
         """(pages, bytes used)."""

@@ -20,23 +20,16 @@ from __future__ import annotations
 
 import enum
 import logging
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import lmdb
 
-from storage_backends.config import StorageConfig
-from storage_backends.counters import StatCounters
-from storage_backends.disk.index import DiskIndex, IndexWriter
-from storage_backends.disk.io_pool import IoPool
+from storage_backends.disk.index import IndexWriter
 from storage_backends.disk.layout import SlotClass, SlotRun, slot_class
+from storage_backends.disk.parts import DiskParts
 from storage_backends.disk.runs import gap, spans
-from storage_backends.disk.segments import SegmentFiles
-from storage_backends.log_limit import LogLimiter
 from storage_backends.page_format import HEADER_BYTES, build_header
-from storage_backends.recency import PendingTouches
 
 logger = logging.getLogger(__name__)
 
@@ -51,20 +44,6 @@ class PutPhase(enum.Enum):
 
 
 FaultHook = Callable[[PutPhase], None]
-
-
-@dataclass(frozen=True)
-class WriteContext:
-    """What the put path shares with the rest of its DiskBackend."""
-
-    config: StorageConfig
-    index: DiskIndex
-    segments: SegmentFiles
-    pool: IoPool
-    counters: StatCounters
-    log: LogLimiter
-    touches: PendingTouches
-    write_lock: threading.Lock  # serialises this process's index write transactions
 
 
 class _Page(NamedTuple):
@@ -111,7 +90,7 @@ class DiskWrites:
     before any of this.
     """
 
-    def __init__(self, ctx: WriteContext) -> None:
+    def __init__(self, ctx: DiskParts) -> None:
         self._ctx = ctx
         self.fault_hook: FaultHook | None = None
         config = ctx.config

@@ -80,11 +80,13 @@ class RemoteLinkStats:
     breaker_state: str
 
 
-# The daemon's STATS names for entries, bytes_used and capacity_bytes (the whole store).
+# The daemon's STATS names for entries, bytes_used, capacity_bytes and the pages it found
+# damaged (the whole store, as the daemon reports it).
 DAEMON_SIZE_STATS = (
     "hicache_daemon_store_pages",
     "hicache_daemon_store_used_bytes",
     "hicache_daemon_store_capacity_bytes",
+    "hicache_daemon_corrupt_pages_total",
 )
 
 
@@ -92,6 +94,7 @@ class _Size(NamedTuple):
     entries: int
     bytes_used: int
     capacity_bytes: int
+    corrupt: int  # pages the daemon found damaged (never sent, so not counted here)
 
 
 class _Chunk(NamedTuple):
@@ -155,7 +158,7 @@ class RemoteBackend:
         self._link = dict.fromkeys(
             ("requests", "timeouts", "fast_fails", "error_replies", "bad_replies", "reconnects"), 0
         )  # "reconnects": of channels already closed; live ones count their own
-        self._size = _Size(0, 0, 0)  # as the daemon last reported it
+        self._size = _Size(0, 0, 0, 0)  # as the daemon last reported it
         self._closed = False
 
     # --- StorageBackend ---------------------------------------------------------------
@@ -293,10 +296,14 @@ class RemoteBackend:
         if reply is not None:
             self._size = _Size(*(int(reply.stats.get(name, 0)) for name in DAEMON_SIZE_STATS))
         failed = self.failed_calls()
-        snap = self._counters.snapshot(*self._size)
+        size = self._size
+        snap = self._counters.snapshot(size.entries, size.bytes_used, size.capacity_bytes)
         # A request the daemon did not answer (or refused) was a miss or a failed
-        # put for the caller: count it where every backend counts such calls.
-        return dataclasses.replace(snap, errors=snap.errors + failed)
+        # put for the caller: count it where every backend counts such calls. A page
+        # the daemon found damaged was a miss too, counted by the daemon only.
+        return dataclasses.replace(
+            snap, errors=snap.errors + failed, corrupt=snap.corrupt + size.corrupt
+        )
 
     def link_stats(self) -> RemoteLinkStats:
         """Counters of the connection to the daemon (thread-safe, no I/O)."""

@@ -97,4 +97,15 @@ def test_storage_open_bench_opens_each_size_in_a_fresh_process(tmp_path: Path) -
     assert [(r["backend"], r["pages"]) for r in rows] == [("disk", 20), ("disk", 40)]
     assert all(r["cold_open_s"] > 0 and r["index_bytes_per_page"] > 0 for r in rows)
     assert all(r["rss_open_mib"] > 0 for r in rows)
+    assert all(r["fill_pages_per_s"] > 0 and r["unclean_open_s"] is None for r in rows)
     assert list(tmp_path.iterdir()) == [out]
+
+
+def test_storage_open_bench_times_the_open_after_a_killed_holder(tmp_path: Path) -> None:
+    out = tmp_path / "open.json"
+    argv = ["bench", "storage-open", "--backends", "disk,lmdb", "--sizes", "20", "--repeat", "1"]
+    argv += ["--unclean", "--fill-batch", "7", "--dir", str(tmp_path), "--json", str(out)]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["backend"], r["pages"]) for r in rows] == [("disk", 20), ("lmdb", 20)]
+    assert all(r["unclean_open_s"] > 0 for r in rows)  # every page still served after it

@@ -95,7 +95,7 @@ def _check_cases(tmp_path: Path, data: bytes, seed: int, cases: int) -> list[dic
 
 
 def test_cache_on_damaged_stores(tmp_path: Path, pristine: bytes) -> None:
-    results = _check_cases(tmp_path, pristine, seed=11, cases=16)
+    results = _check_cases(tmp_path, pristine, seed=11, cases=8)  # 60 more: make test-slow
     assert any(r["at_open"] for r in results)  # some stores were quarantined on open
     assert any(r["reused"] != [0] * len(SEQS) for r in results)  # some served intact pages
 

@@ -8,6 +8,8 @@ import random
 import struct
 from pathlib import Path
 
+import lmdb
+
 from storage_backends import StorageConfig, create
 from storage_backends.lmdb_pages import walk_pages
 
@@ -37,3 +39,31 @@ def test_healthy_store_is_sound_and_damage_is_named(tmp_path: Path) -> None:
     struct.pack_into("<Q", in_use, walk.free[0].offset, walk.main_root)
     assert "both free and in use" in str(walk_pages(bytes(in_use)).damage)
     assert "truncated" in str(walk_pages(data[: len(data) // 2]).damage)
+
+
+def test_damage_on_the_deepest_level_of_a_deep_tree_is_found(tmp_path: Path) -> None:
+    env = lmdb.open(str(tmp_path), map_size=64 << 20, max_dbs=2)
+    db = env.open_db(b"pages")
+    with env.begin(write=True) as txn:
+        for i in range(30_000):  # several levels: the root, branches, leaves
+            txn.put(hashlib.sha256(b"%d" % i).digest(), b"%08d" % i, db=db)
+    depth = env.stat()["depth"]
+    with env.begin() as txn:
+        depth = max(depth, txn.stat(db)["depth"])
+    env.close()
+    assert depth >= 3
+    data = (tmp_path / "data.mdb").read_bytes()
+    walk = walk_pages(data)
+    assert walk.damage is None
+    psize, free = mmap.PAGESIZE, {entry.pgno for entry in walk.free}
+    leaves = [
+        pgno
+        for pgno in range(2, len(data) // psize)
+        if pgno not in free
+        and struct.unpack_from("<QHH", data, pgno * psize)[::2] == (pgno, 0x02)  # a leaf
+    ]
+    assert len(leaves) > 100
+    for pgno in leaves[:: len(leaves) // 5]:
+        broken = bytearray(data)
+        struct.pack_into("<H", broken, pgno * psize + 14, psize + 2)  # upper bound past the page
+        assert "has bounds" in str(walk_pages(bytes(broken)).damage)

@@ -216,3 +216,27 @@ def test_curve_keys_round_trip_and_an_unknown_key_gets_nothing(
         allowed.close()
         denied.close()
         daemon.stop()
+
+
+def test_a_page_the_daemon_found_damaged_counts_in_stats_corrupt(
+    daemons: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    daemon = daemons()
+    backend = remote(daemon.endpoint)
+    try:
+        pages = [memoryview(payload(1)), memoryview(payload(2))]
+        assert backend.put([key(1), key(2)], pages) == [True, True]
+        daemon.stop()  # a clean stop: the pages are in the store, the memory tier is gone
+        data = tmp_path / "store" / "data.mdb"
+        raw = bytearray(data.read_bytes())
+        at = raw.find(payload(1)[-64:])
+        assert at > 0
+        raw[at] ^= 0xFF
+        data.write_bytes(bytes(raw))
+        daemons(daemon.endpoint)
+        assert wait_until(lambda: backend.exists([key(2)]) == 1, RECOVERY_S)
+        assert read_back(backend, [1, 2]) == [None, payload(2)]
+        stats = backend.stats()
+        assert (stats.corrupt, stats.misses, stats.hits) == (1, 1, 1)  # the client saw no damage
+    finally:
+        backend.close()

@@ -119,7 +119,7 @@ def _run_cases(tmp_path: Path, data: bytes, seed: int, cases: int) -> list[dict[
 
 
 def test_damaged_store_never_crashes_or_serves_wrong_bytes(tmp_path: Path, pristine: bytes) -> None:
-    results = _run_cases(tmp_path, pristine, seed=1, cases=40)
+    results = _run_cases(tmp_path, pristine, seed=1, cases=20)  # 300 more: make test-slow
     # The damage is real: some stores were quarantined, some served their pages.
     assert any(r["at_open"] for r in results)
     assert any(r["hits"] for r in results)

@@ -62,16 +62,34 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
+def file_server(
+    sg: SglangModules,
+    servers: list[UnifiedServer],
+    path: Path,
+    shape: Shape = MHA,
+    core: str = "python",
+) -> UnifiedServer:
+    """A server on a ``file`` store at ``path``, closed at teardown."""
+    server = UnifiedServer(sg, shape, core, file_store(path))
+    servers.append(server)
+    return server
+
+
+def offloaded(server: UnifiedServer, tokens: list[int], seed: int) -> list[torch.Tensor]:
+    """Compute ``tokens``' KV, wait for its offload, evict it from the device; the KV."""
+    written = server.compute(tokens, seed=seed)
+    server.settle()
+    server.evict()
+    return written
+
+
 @pytest.mark.parametrize("kind", ["mha", "mla"])
 @pytest.mark.parametrize("core", CORES)
 def test_compute_offload_evict_then_load_layer_by_layer_is_bit_exact(
     sg: SglangModules, servers: list[UnifiedServer], tmp_path: Path, core: str, kind: str
 ) -> None:
-    server = UnifiedServer(sg, MHA if kind == "mha" else MLA, core, file_store(tmp_path / "store"))
-    servers.append(server)
-    written = server.compute(TOKENS, seed=1)
-    server.settle()
-    server.evict()
+    server = file_server(sg, servers, tmp_path / "store", MHA if kind == "mha" else MLA, core)
+    written = offloaded(server, TOKENS, seed=1)
     got = server.fetch(TOKENS)
     assert (got.device_prefix, len(got.loaded_slots), got.aborted) == (0, 16, False)
     assert all(same_bits(w, g) for w, g in zip(written, got.kv, strict=True))
@@ -81,11 +99,8 @@ def test_compute_offload_evict_then_load_layer_by_layer_is_bit_exact(
 def test_partial_prefixes_load_only_what_is_stored_past_the_device(
     sg: SglangModules, servers: list[UnifiedServer], tmp_path: Path
 ) -> None:
-    server = UnifiedServer(sg, MHA, "python", file_store(tmp_path / "store"))
-    servers.append(server)
-    written = server.compute(TOKENS, seed=2)
-    server.settle()
-    server.evict()
+    server = file_server(sg, servers, tmp_path / "store")
+    written = offloaded(server, TOKENS, seed=2)
     # Shares two pages, then diverges: only those two are restorable.
     other = [*TOKENS[:8], 7, 7, 7, 7, 7]
     got = server.fetch(other)
@@ -103,11 +118,8 @@ def test_partial_prefixes_load_only_what_is_stored_past_the_device(
 def test_a_damaged_page_aborts_its_request_and_is_then_a_miss(
     sg: SglangModules, servers: list[UnifiedServer], tmp_path: Path
 ) -> None:
-    server = UnifiedServer(sg, MHA, "python", file_store(tmp_path / "store"))
-    servers.append(server)
-    written = server.compute(TOKENS, seed=4)
-    server.settle()
-    server.evict()
+    server = file_server(sg, servers, tmp_path / "store")
+    written = offloaded(server, TOKENS, seed=4)
     files = sorted(
         p for p in (tmp_path / "store").rglob("*") if p.is_file() and p.stat().st_size > 512
     )
@@ -135,16 +147,12 @@ def test_a_killed_daemon_is_a_miss_and_a_failed_offload_never_an_error(
     extra = {"hicache_config": "remote", "endpoint": daemon.endpoint, "timeout_s": 1.0}
     server = UnifiedServer(sg, MHA, "python", extra)
     servers.append(server)
-    written = server.compute(TOKENS, seed=5)
-    server.settle()
-    server.evict()
+    written = offloaded(server, TOKENS, seed=5)
     assert all(same_bits(w, g) for w, g in zip(written, server.fetch(TOKENS).kv, strict=True))
     daemon.kill()
     got = server.fetch(TOKENS)
     assert (len(got.loaded_slots), got.aborted) == (0, False)
-    server.compute([9] * 8, seed=6)  # its offload fails; the tree takes the failure
-    server.settle()
-    server.evict()
+    offloaded(server, [9] * 8, seed=6)  # its offload fails; the tree takes the failure
     failures = server.linker.stats().failures
     assert failures.get("offload failed", 0) + failures.get("lookup failed", 0) >= 1
 
@@ -153,8 +161,7 @@ def test_the_linker_and_the_l3_adapter_read_each_others_pages(
     sg: SglangModules, servers: list[UnifiedServer], tmp_path: Path
 ) -> None:
     store = tmp_path / "store"
-    server = UnifiedServer(sg, MHA, "python", file_store(store))
-    servers.append(server)
+    server = file_server(sg, servers, store)
     host = HostPool("mha", "page_first", 8, PAGE, LAYERS, MHA.heads, MHA.head_dim, torch.bfloat16)
     l3 = ours(host, {**DYNAMIC, **file_store(store)}, model=MODEL)
     hashes = sg.utils.get_storage_hash_str
