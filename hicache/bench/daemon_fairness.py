@@ -141,8 +141,9 @@ def _loads(payload: bytes, total_bytes: int) -> tuple[_Bulk, _Bulk, list[bytes]]
 
 def measure_fairness(endpoint: str, transport: str, total_bytes: int) -> list[FairnessRow]:
     """Probe latencies on a quiet daemon, then while another client streams GETs, then PUTs."""
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    bulk, probe = _Dealer(ctx, endpoint), _Dealer(ctx, endpoint)
+    # One context each: two clients, as two engines would be, do not share an I/O thread.
+    contexts: list[zmq.Context[zmq.Socket[bytes]]] = [zmq.Context(), zmq.Context()]
+    bulk, probe = _Dealer(contexts[0], endpoint), _Dealer(contexts[1], endpoint)
     try:
         payload = np.random.default_rng(0).bytes(BULK_PAGE_BYTES)
         gets, puts, stored = _loads(payload, total_bytes)
@@ -160,7 +161,8 @@ def measure_fairness(endpoint: str, transport: str, total_bytes: int) -> list[Fa
     finally:
         bulk.sock.close(linger=0)
         probe.sock.close(linger=0)
-        ctx.term()
+        for ctx in contexts:
+            ctx.term()
 
 
 def print_fairness(rows: list[FairnessRow]) -> None:

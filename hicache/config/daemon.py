@@ -56,6 +56,9 @@ class ServerConfig:
     # Added to the nice value of the writer and reader threads (Linux): on busy cores the
     # kernel then runs the socket thread first, so small requests wait less. 0: off.
     background_nice: int = 10
+    # ZeroMQ I/O threads (each connection is served by one): while one copies a client's
+    # bulk frames, another's small frames go through another. Released from the GIL.
+    io_threads: int = 2
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.endpoint)
@@ -75,6 +78,7 @@ class ServerConfig:
             "max_queued_reply_bytes",
             "max_peers",
             "readers",
+            "io_threads",
         ):
             _check(getattr(self, name) >= 1, f"server.{name}", "must be >= 1")
         _check(self.heartbeat_s >= 0, "server.heartbeat_s", "must be >= 0")

@@ -114,7 +114,7 @@ class DaemonServer:
         self._limits = config.limits
         self._stopping = threading.Event()
         self._closed = False
-        self._context = zmq.Context()
+        self._context = zmq.Context(io_threads=config.server.io_threads)
         self._auth: CurveAuth | None = None
         try:
             self._auth = CurveAuth(self._context, config.auth) if config.auth.curve else None
