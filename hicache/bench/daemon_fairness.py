@@ -2,15 +2,19 @@
 
 One thread streams ``total_bytes`` of bulk GETs, then ``total_bytes`` of bulk
 PUTs (fresh keys), ``BULK_PAGES`` pages of ``BULK_PAGE_BYTES`` a request and
-``BULK_WINDOW`` requests in flight, through its own DEALER socket; meanwhile
+``BULK_WINDOW`` requests in flight, through its own DEALER socket and zmq
+context (two clients do not share a ZeroMQ I/O thread); meanwhile
 the probe sends, one at a time, a 1-page GET and a PING and records each
 round trip, until that stream ends. The same probe also runs against a quiet
-daemon in the same run, so the figures read as "under load" next to "quiet".
+daemon in the same run, so the figures read as "under load" next to "quiet";
+each row carries the machine's load average (on busy cores every thread wake-up
+on the path waits for a core: the p99 is mostly that).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -36,6 +40,7 @@ class FairnessRow(NamedTuple):
     p50_us: float
     p99_us: float
     samples: int
+    load_avg: float  # the machine's 1-minute load average when the probe ended (0: unknown)
 
 
 def _keys(tag: str, n: int) -> list[bytes]:
@@ -106,12 +111,23 @@ def _probe(
             return gets, pings
 
 
+def _load_avg() -> float:
+    """The 1-minute load average (latencies on a busy machine read differently); 0.0 where
+    the OS does not tell."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
 def _rows(transport: str, load: str, gets: list[float], pings: list[float]) -> list[FairnessRow]:
+    load_avg = _load_avg()
+
     def row(probe: str, samples: list[float]) -> FairnessRow:
         if not samples:
-            return FairnessRow(transport, probe, load, 0.0, 0.0, 0)
+            return FairnessRow(transport, probe, load, 0.0, 0.0, 0, load_avg)
         p50, p99 = np.percentile(samples, [50, 99]) * 1e6
-        return FairnessRow(transport, probe, load, float(p50), float(p99), len(samples))
+        return FairnessRow(transport, probe, load, float(p50), float(p99), len(samples), load_avg)
 
     return [row("GET 1 page", gets), row("PING", pings)]
 
@@ -141,8 +157,9 @@ def _loads(payload: bytes, total_bytes: int) -> tuple[_Bulk, _Bulk, list[bytes]]
 
 def measure_fairness(endpoint: str, transport: str, total_bytes: int) -> list[FairnessRow]:
     """Probe latencies on a quiet daemon, then while another client streams GETs, then PUTs."""
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    bulk, probe = _Dealer(ctx, endpoint), _Dealer(ctx, endpoint)
+    # One context each: two clients, as two engines would be, do not share an I/O thread.
+    contexts: list[zmq.Context[zmq.Socket[bytes]]] = [zmq.Context(), zmq.Context()]
+    bulk, probe = _Dealer(contexts[0], endpoint), _Dealer(contexts[1], endpoint)
     try:
         payload = np.random.default_rng(0).bytes(BULK_PAGE_BYTES)
         gets, puts, stored = _loads(payload, total_bytes)
@@ -160,13 +177,14 @@ def measure_fairness(endpoint: str, transport: str, total_bytes: int) -> list[Fa
     finally:
         bulk.sock.close(linger=0)
         probe.sock.close(linger=0)
-        ctx.term()
+        for ctx in contexts:
+            ctx.term()
 
 
 def print_fairness(rows: list[FairnessRow]) -> None:
-    print(f"{'via':<5}{'probe':<12}{'load':<11}{'p50 µs':>9}{'p99 µs':>9}{'n':>6}")
+    print(f"{'via':<5}{'probe':<12}{'load':<11}{'p50 µs':>9}{'p99 µs':>9}{'n':>6}{'loadavg':>8}")
     for r in rows:
         print(
             f"{r.transport:<5}{r.probe:<12}{r.load:<11}{r.p50_us:>9.0f}{r.p99_us:>9.0f}"
-            f"{r.samples:>6}"
+            f"{r.samples:>6}{r.load_avg:>8.1f}"
         )

@@ -119,6 +119,14 @@ DAEMON_MEANINGS: dict[str, str] = {
     "server.readers": "threads answering GET and EXISTS; one client's reads at a time, in turn",
     "server.heartbeat_s": "ZMTP heartbeat; a peer silent for 3 intervals is dropped; 0: off",
     "server.handshake_timeout_s": "a connection that has not handshaken by then is dropped",
+    "server.io_threads": (
+        "ZeroMQ I/O threads; each connection is served by one, so while one copies a client's "
+        "bulk frames another client's small ones go through another"
+    ),
+    "server.background_nice": (
+        "added to the nice value of the writer and reader threads (Linux; 0..19, 0: off): on "
+        "busy cores the socket thread runs first, so small requests wait less behind bulk ones"
+    ),
     "store.backend": (
         "the page store: `lmdb`, or `disk` (segment files + an LMDB index); a directory that"
         " already holds a store of the other kind is opened as it is (logged), never emptied"

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from hicache.daemon.fair_queue import FairQueue
+from hicache.daemon.thread_priority import lower_this_thread
 from storage_backends.remote.protocol import ErrorCode, ErrorReply, Reply, Request
 
 logger = logging.getLogger(__name__)
@@ -55,11 +56,15 @@ class Readers:
     every failure itself; one that raises anyway becomes an INTERNAL reply
     marked ``failed`` (for the caller to count), and the thread carries on.
     ``close`` drops the jobs not yet started (returned, for the caller to
-    answer or forget) and joins.
+    answer or forget) and joins. The threads run ``nice`` (0..19, see
+    ``thread_priority``) below their starter's priority.
     """
 
-    def __init__(self, threads: int, serve: ServeRead, notify: Callable[[], None]) -> None:
+    def __init__(
+        self, threads: int, serve: ServeRead, notify: Callable[[], None], nice: int = 0
+    ) -> None:
         self._serve = serve
+        self._nice = nice
         self._notify = notify
         self._jobs: FairQueue[ReadJob] = FairQueue()
         self._done: queue.SimpleQueue[ReadDone] = queue.SimpleQueue()
@@ -95,6 +100,7 @@ class Readers:
         return dropped, not any(thread.is_alive() for thread in self._threads)
 
     def _run(self) -> None:
+        lower_this_thread(self._nice)
         while (job := self._jobs.pop()) is not None:
             self._done.put(self._answer(job))
             self._jobs.done(job.peer)

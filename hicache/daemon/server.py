@@ -114,7 +114,7 @@ class DaemonServer:
         self._limits = config.limits
         self._stopping = threading.Event()
         self._closed = False
-        self._context = zmq.Context()
+        self._context = zmq.Context(io_threads=config.server.io_threads)
         self._auth: CurveAuth | None = None
         try:
             self._auth = CurveAuth(self._context, config.auth) if config.auth.curve else None
@@ -157,8 +157,9 @@ class DaemonServer:
         wake = f"inproc://hicache-daemon-wake-{id(self)}"
         self._wake_in.bind(wake)
         self._wake_out.connect(wake)
-        self._writer = Writer(self._store, self._wake)
-        self._readers = Readers(self._config.server.readers, self._serve_read, self._wake)
+        nice = server.background_nice  # the socket thread runs first on busy cores
+        self._writer = Writer(self._store, self._wake, nice)
+        self._readers = Readers(server.readers, self._serve_read, self._wake, nice)
         self._metrics.reply_bytes.set_function(lambda: self._replies.queued_bytes)
         self._metrics.reply_buffers.set_function(lambda: self._pool.size().lent)
         metrics = self._config.metrics

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from hicache.daemon.store import DaemonStore, check_record
+from hicache.daemon.thread_priority import lower_this_thread
 from storage_backends.page_format import Verdict
 from storage_backends.remote.protocol import Frame, Op
 
@@ -52,11 +53,13 @@ class Writer:
     commit as usual. ``submit`` and ``take_done`` may be called from any thread; ``notify`` is
     called (on the writer thread) after each batch of completions. A failing
     batch becomes error completions and the thread carries on (counted in
-    ``stats``). ``close`` finishes every submitted job first.
+    ``stats``). ``close`` finishes every submitted job first. The thread runs ``nice``
+    (0..19, see ``thread_priority``) below its starter's priority.
     """
 
-    def __init__(self, store: DaemonStore, notify: Callable[[], None]) -> None:
+    def __init__(self, store: DaemonStore, notify: Callable[[], None], nice: int = 0) -> None:
         self._store = store
+        self._nice = nice
         self._notify = notify
         self._jobs: queue.SimpleQueue[WriteJob | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[WriteDone] = queue.SimpleQueue()
@@ -88,6 +91,7 @@ class Writer:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
+        lower_this_thread(self._nice)
         while True:
             batch, stop = self._next_batch()
             refused = len(batch)

@@ -56,6 +56,9 @@ def test_store_sync_takes_the_storage_words_and_the_old_booleans(
         ("[limits]\nmax_batch_keys = 0\n", "limits.max_batch_keys: must be an int >= 1, got 0"),
         ("[server]\nendpoint = 'tcp://127.0.0.1'\n", "server.endpoint: needs a port"),
         ("[server]\nendpoint = 'udp://x:1'\n", "server.endpoint: must be tcp"),
+        ("[server]\nio_threads = 0\n", "server.io_threads: must be >= 1"),
+        ("[server]\nbackground_nice = 20\n", "server.background_nice: must be 0..19"),
+        ("[server]\nbackground_nice = -1\n", "server.background_nice: must be 0..19"),
         ("[server]\nendpoint = 'tcp://0.0.0.0:1'\n", "is not loopback"),
         ("[auth]\ncurve = true\n", "auth.server_secret_key: required"),
         (
