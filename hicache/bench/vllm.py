@@ -89,8 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         type=daemon_setting,
         metavar="SECTION.KEY=VALUE",
-        help="override one field of --daemon-config (repeatable), e.g. store.backend=disk "
-        "or store.sync=none",
+        help="override one field of --daemon-config (repeatable; default: none), e.g. "
+        "store.backend=disk or store.sync=none",
     )
     parser.add_argument(
         "--json", default="", help="also write the rows to this JSON file (default: print only)"
