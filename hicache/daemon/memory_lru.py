@@ -51,6 +51,10 @@ class ByteLRU:
         with self._lock:
             return key in self._pages
 
+    def admits(self, nbytes: int) -> bool:
+        """Whether a record of ``nbytes`` could be cached at all (it fits the capacity)."""
+        return nbytes + ENTRY_OVERHEAD <= self._capacity
+
     def put(self, key: bytes, record: Frame, generation: int | None = None) -> bool:
         """Insert (or refresh) ``key``; evicts as needed. With ``generation``, only if no
         removal happened since it was read. Returns whether the record is now cached."""

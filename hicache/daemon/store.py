@@ -222,9 +222,10 @@ class DaemonStore:
     ) -> Lookup:
         """Records of scoped ``keys``: from memory (the cached objects themselves), else
         read from the store straight into buffers taken from ``buffers`` (default: fresh
-        memory, and such hits are then cached in memory too; with the caller's buffers
-        they are not, since the caller reuses them). Buffers of reads that missed, or
-        whose record fails its header check, are given back before this returns.
+        memory). Store hits then join the memory tier (read-through LRU): fresh memory as
+        it is, a caller's buffer as a copy (the caller reuses its buffers), made only when
+        the record fits the tier. Buffers of reads that missed, or whose record fails its
+        header check, are given back before this returns.
 
         The records returned add up to at most ``max_bytes``: from the first key
         that would exceed it, every later key is reported as a miss (and not read).
@@ -247,9 +248,16 @@ class DaemonStore:
                     source.give_back(record)
                 elif record is not None:
                     records[i] = record
-                    if buffers is None:
-                        self._memory.put(keys[i], record, generation)
+                    self._promote(keys[i], record, generation, copy=buffers is not None)
         return _lookup(records, from_memory, truncated=cut < len(keys))
+
+    def _promote(self, key: bytes, record: Frame, generation: int, copy: bool) -> None:
+        """Cache a store hit; a copy when ``record`` is a caller's (reused) buffer."""
+        if copy:
+            if not self._memory.admits(len(record)):
+                return
+            record = bytes(record)
+        self._memory.put(key, record, generation)
 
     def _locate(
         self, keys: Sequence[bytes], records: list[Frame | None], slots: list[StoreSlot]

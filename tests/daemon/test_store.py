@@ -215,7 +215,10 @@ def test_store_reads_land_in_the_callers_buffers_and_misses_come_back(
     hits = [r for r in lookup.records if r is not None]
     assert len(buffers.lent) == 3 and all(any(r is b for b in buffers.lent) for r in hits)
     assert buffers.back == []
-    assert s.size().memory_entries == 0  # the caller's buffers are never cached
+    # The hits join the memory tier as copies (bytes), never the caller's reused buffers.
+    cached = s.cached(scoped[1:4])
+    assert cached is not None and cached == records[1:4]
+    assert all(isinstance(r, bytes) for r in cached)
 
     # A record whose client header names another key: read, found wrong, given back.
     s.put([scoped[0]], [records[5]])
