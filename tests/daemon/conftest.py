@@ -5,17 +5,21 @@ Helpers are handed out through fixtures (not imported), like the storage tests.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import zmq
 
 from hicache.bench.processes import DAEMON_BANNER, ServerProcess
 from hicache.config.daemon import STORE_BACKENDS, DaemonConfig
+from hicache.daemon.server import DaemonServer
 from storage_backends.page_format import encode_page
 from storage_backends.remote.protocol import (
     Frame,
@@ -238,3 +242,38 @@ def pages() -> Callable[..., tuple[list[bytes], list[bytes]]]:
         return keys, [page_record(key, i, size) for i, key in enumerate(keys)]
 
     return make
+
+
+class InProcess(NamedTuple):
+    endpoint: str
+    serving: threading.Thread  # the socket thread
+
+
+@contextlib.contextmanager
+def in_process_daemon(config: DaemonConfig) -> Iterator[InProcess]:
+    """A DaemonServer serving on a thread of this process (for tests that patch its
+    store to hold a call at a gate); stopped on exit (open the gates before)."""
+    server = DaemonServer(config)
+    bound = server.start()
+    thread = threading.Thread(target=server.serve, name="socket", daemon=True)
+    thread.start()
+    try:
+        yield InProcess(bound.endpoint, thread)
+    finally:
+        server.stop()
+        thread.join(30)
+
+
+@pytest.fixture
+def clients(daemon: InProcess) -> Iterator[Callable[[], Client]]:
+    """Clients of the test module's own ``daemon`` fixture (anything with an
+    ``endpoint``), closed after the test."""
+    made: list[Client] = []
+
+    def make() -> Client:
+        made.append(Client(daemon.endpoint))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -19,11 +19,10 @@ import msgpack
 import pytest
 
 from hicache.config.daemon import DaemonConfig
-from hicache.daemon.server import DaemonServer
 from hicache.daemon.store import DaemonStore
 from storage_backends.remote.protocol import Frame, Op, PingReply, Request, encode_request
 
-from .conftest import REPLY_TIMEOUT_S, Client, page_key, page_record
+from .conftest import REPLY_TIMEOUT_S, Client, in_process_daemon, page_key, page_record
 
 NICE = 5
 BULK_PAGES = 16
@@ -56,27 +55,9 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gated]:
         server={"endpoint": "tcp://127.0.0.1:0", "readers": 1, "background_nice": NICE},
         store={"path": str(tmp_path / "store"), "max_bytes": 64 << 20, "sync": False},
     )
-    server = DaemonServer(config)
-    bound = server.start()
-    thread = threading.Thread(target=server.serve, name="socket", daemon=True)
-    thread.start()
-    yield Gated(bound.endpoint, gate, committing, thread)
-    gate.set()
-    server.stop()
-    thread.join(30)
-
-
-@pytest.fixture
-def clients(daemon: Gated) -> Iterator[Callable[[], Client]]:
-    made: list[Client] = []
-
-    def make() -> Client:
-        made.append(Client(daemon.endpoint))
-        return made[-1]
-
-    yield make
-    for client in made:
-        client.close()
+    with in_process_daemon(config) as served:
+        yield Gated(served.endpoint, gate, committing, served.serving)
+        gate.set()
 
 
 def reply_id(client: Client) -> int:

@@ -18,7 +18,6 @@ import pytest
 import zmq
 
 from hicache.config.daemon import DaemonConfig
-from hicache.daemon.server import DaemonServer
 from hicache.daemon.store import DaemonStore, Lookup
 from storage_backends.remote.protocol import (
     ContainsReply,
@@ -31,7 +30,7 @@ from storage_backends.remote.protocol import (
     encode_request,
 )
 
-from .conftest import REPLY_TIMEOUT_S, Client, page_key, page_record
+from .conftest import REPLY_TIMEOUT_S, Client, in_process_daemon, page_key, page_record
 
 QUEUED = "hicache_daemon_queued_reply_bytes"
 LENT = "hicache_daemon_reply_buffers_lent"
@@ -72,27 +71,9 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gated]:
             "sync": False,
         },
     )
-    server = DaemonServer(config)
-    bound = server.start()
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    yield Gated(bound.endpoint, gated, gate, broken)
-    gate.set()
-    server.stop()
-    thread.join(30)
-
-
-@pytest.fixture
-def clients(daemon: Gated) -> Iterator[Callable[[], Client]]:
-    made: list[Client] = []
-
-    def make() -> Client:
-        made.append(Client(daemon.endpoint))
-        return made[-1]
-
-    yield make
-    for client in made:
-        client.close()
+    with in_process_daemon(config) as served:
+        yield Gated(served.endpoint, gated, gate, broken)
+        gate.set()
 
 
 def send(client: Client, op: Op, request_id: int, keys: Sequence[bytes] = ()) -> None:
