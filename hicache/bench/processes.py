@@ -183,6 +183,18 @@ def daemon_setting(text: str) -> str:
     return text
 
 
+def add_daemon_set_flag(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """The repeatable ``--daemon-set SECTION.KEY=VALUE`` flag of the engine benches."""
+    parser.add_argument(
+        "--daemon-set",
+        action="append",
+        default=[],
+        type=daemon_setting,
+        metavar="SECTION.KEY=VALUE",
+        help=help_text,
+    )
+
+
 def serve_sets(settings: Sequence[str]) -> list[str]:
     """``hicache serve`` flags for ``settings`` (each ``SECTION.KEY=VALUE``)."""
     return [arg for setting in settings for arg in ("--set", setting)]

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from hicache.bench.processes import daemon_setting, serve_sets
+from hicache.bench.processes import add_daemon_set_flag, serve_sets
 from hicache.config.flags import at_least
 from hicache.integrations.sglang_cpu import Controller, HostPool, chain_hashes, enter_sglang
 
@@ -113,13 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="add the linker's rows: SGLang's UnifiedRadixCache with HicacheLinker below it "
         "against the L3 path, same pages and daemon (imports SGLang's tree: slower start)",
     )
-    parser.add_argument(
-        "--daemon-set",
-        action="append",
-        default=[],
-        type=daemon_setting,
-        metavar="SECTION.KEY=VALUE",
-        help="override one field of the daemon's config (repeatable; the bench's own: "
+    add_daemon_set_flag(
+        parser,
+        "override one field of the daemon's config (repeatable; the bench's own: "
         "store.sync=false, store.memory_bytes=1 GiB, the daemon's default store.backend), "
         "e.g. store.backend=disk",
     )

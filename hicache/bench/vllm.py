@@ -24,7 +24,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from hicache.bench.processes import daemon_setting
+from hicache.bench.processes import add_daemon_set_flag
 from hicache.config.flags import at_least
 
 if TYPE_CHECKING:
@@ -83,13 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the daemon's config (shipped name or TOML; `daemon`: store.sync = index, "
         "which fsyncs each commit of an lmdb store)",
     )
-    parser.add_argument(
-        "--daemon-set",
-        action="append",
-        default=[],
-        type=daemon_setting,
-        metavar="SECTION.KEY=VALUE",
-        help="override one field of --daemon-config (repeatable; default: none), e.g. "
+    add_daemon_set_flag(
+        parser,
+        "override one field of --daemon-config (repeatable; default: none), e.g. "
         "store.backend=disk or store.sync=none",
     )
     parser.add_argument(
