@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
@@ -28,7 +29,7 @@ from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
 from storage_backends.page_format import HEADER_BYTES, Verdict
-from storage_backends.record_arena import RecordArena
+from storage_backends.record_arena import ARENA_BYTES, RecordArena
 from storage_backends.remote.channel import Channel, CurveKeys, OnReply
 from storage_backends.remote.protocol import (
     ContainsReply,
@@ -42,8 +43,10 @@ from storage_backends.remote.protocol import (
     PutReply,
     Reply,
     Request,
+    ShmAttachReply,
     StatsReply,
 )
+from storage_backends.remote.shm_lease import ClientLease
 from storage_backends.scatter import Runs, check_scatter, copy_verified_runs, total
 
 logger = logging.getLogger(__name__)
@@ -100,6 +103,25 @@ class _Size(NamedTuple):
 class _Chunk(NamedTuple):
     start: int
     stop: int
+
+
+class _Answers:
+    """What one exchange through a shared-memory lease learnt about the lease: replies
+    seen (an unanswered GET may hold slots; an unanswered PUT, its put area), whether
+    the daemon no longer knew it, or a free could not be sent."""
+
+    def __init__(self, lease: ClientLease | None) -> None:
+        self.lease = lease
+        self.started = time.monotonic()
+        self.seen = 0
+        self.lost = False  # NO_LEASE, or slots that could not be freed
+        self.refused = False  # BAD_OP to SHM_ATTACH: the daemon has no shared memory
+
+    def note(self, position: int, reply: Reply) -> None:
+        self.seen += 1
+        if isinstance(reply, ErrorReply):
+            self.lost |= reply.code is ErrorCode.NO_LEASE
+            self.refused |= reply.code is ErrorCode.BAD_OP
 
 
 def load_curve_keys(config: StorageConfig) -> CurveKeys | None:
@@ -160,6 +182,7 @@ class RemoteBackend:
         )  # "reconnects": of channels already closed; live ones count their own
         self._size = _Size(0, 0, 0, 0)  # as the daemon last reported it
         self._closed = False
+        self._shm_off = not config.shm  # also once the daemon turned shared memory down
 
     # --- StorageBackend ---------------------------------------------------------------
 
@@ -201,16 +224,25 @@ class RemoteBackend:
     def _get_runs(self, keys: Sequence[bytes], views: list[Runs]) -> list[bool]:
         """Verified pages from the daemon into their runs (``get`` and ``get_scatter``)."""
         parts = chunks([total(runs) for runs in views])
-        requests = [Request(Op.GET, 0, tuple(keys[c.start : c.stop])) for c in parts]
+        lease = self._lease()
+        lease_id = lease.id if lease is not None else 0
+        requests = [
+            Request(Op.GET, 0, tuple(keys[c.start : c.stop]), lease=lease_id) for c in parts
+        ]
         hits = [False] * len(keys)
         corrupt: list[bytes] = []
+        answers = _Answers(lease)
 
         def fill(position: int, reply: Reply) -> None:
             # As each reply arrives: its pages are copied out while later ones travel.
-            if isinstance(reply, GetReply):
+            answers.note(position, reply)
+            if isinstance(reply, GetReply) and reply.spans and lease is not None:
+                answers.lost |= not self._fill_lent(parts[position], reply, keys, views, hits)
+            elif isinstance(reply, GetReply):
                 corrupt.extend(self._fill(parts[position], reply, keys, views, hits))
 
         self._call(Op.GET, requests, GetReply, fill)
+        self._settle(answers, len(requests))
         self._counters.record_get(sum(hits), len(keys) - sum(hits), len(corrupt))
         if corrupt:
             logger.warning("%d damaged pages from the daemon; deleting them", len(corrupt))
@@ -240,23 +272,120 @@ class RemoteBackend:
                 corrupt.append(keys[i])
         return corrupt
 
+    def _fill_lent(
+        self,
+        part: _Chunk,
+        reply: GetReply,
+        keys: Sequence[bytes],
+        views: list[Runs],
+        hits: list[bool],
+    ) -> bool:
+        """Copy one reply's records out of the slots lent to this thread's lease (a record
+        that fails its check there is a miss: the daemon checked it, so the slot was
+        reused, not the page damaged), then free the slots; False if the free could not
+        be sent."""
+        channel = self._channel()
+        lease = channel.lease
+        if lease is None or len(reply.found) != part.stop - part.start:
+            self._count("bad_replies")
+        else:
+            spans = iter(reply.spans)
+            for i, found in zip(range(part.start, part.stop), reply.found, strict=True):
+                if found:
+                    hits[i] = lease.read(next(spans), keys[i], views[i])
+        lease_id = lease.id if lease is not None else 0
+        free = Request(Op.SHM_FREE, 0, lease=lease_id, spans=reply.spans)
+        return lease_id != 0 and channel.post(free, self._config.timeout_s)
+
+    def _lease(self) -> ClientLease | None:
+        """This thread's lease on the daemon's slab, attached (or renewed) when it may have
+        expired; None: pages go as frames (``storage.shm`` off, the daemon has no shared
+        memory or did not answer)."""
+        if self._shm_off:
+            return None
+        channel = self._channel()
+        lease, now = channel.lease, time.monotonic()
+        if lease is not None and lease.fresh(now):
+            return lease
+        answers = _Answers(None)
+        ask = Request(Op.SHM_ATTACH, 0, lease=lease.id if lease else 0, put_bytes=ARENA_BYTES)
+        (grant,) = self._call(Op.SHM_ATTACH, [ask], ShmAttachReply, answers.note)
+        channel.lease = None
+        if grant is None:
+            if answers.refused:
+                self._shm_off = True
+                logger.warning("the daemon has no shared memory (server.shm_bytes): frames")
+        elif lease is not None and grant.lease == lease.id:
+            lease.renewed(now)
+            channel.lease = lease
+        else:
+            channel.lease = self._map(grant, now)
+        return channel.lease
+
+    def _map(self, grant: ShmAttachReply, now: float) -> ClientLease | None:
+        try:
+            return ClientLease(grant, now)
+        except (OSError, ValueError) as e:  # not the daemon's host, or its slab is gone
+            logger.warning("cannot map the daemon's shared memory (%s): pages go as frames", e)
+            self._shm_off = True
+            self._channel().post(Request(Op.SHM_DETACH, 0, lease=grant.lease), 0.1)
+            return None
+
+    def _settle(self, answers: _Answers, sent: int) -> None:
+        """After an exchange through a lease: renewed if every request was answered,
+        else given up (the daemon reclaims what the lost replies held)."""
+        lease = answers.lease
+        if lease is None:
+            return
+        if answers.seen == sent and not answers.lost:
+            lease.renewed(answers.started)
+            return
+        channel = self._channel()
+        channel.lease = None
+        channel.post(Request(Op.SHM_DETACH, 0, lease=lease.id), 0.1)
+
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         self._check_open()
         views = check_batch(keys, src, writable=False)
         fits = [i for i, v in enumerate(views) if len(v) <= self._config.max_page_bytes]
         parts = chunks([len(views[i]) for i in fits])
+        lease = self._lease()
+        if lease is not None:
+            lease.start()
+        lent = [
+            lease.encode(
+                [keys[i] for i in fits[c.start : c.stop]],
+                [views[i] for i in fits[c.start : c.stop]],
+            )
+            if lease is not None
+            else ()
+            for c in parts
+        ]
         arena = self._arena()
-        arena.start(sum(HEADER_BYTES + len(views[i]) for i in fits))
+        arena.start(
+            sum(
+                HEADER_BYTES + len(views[i])
+                for c, spans in zip(parts, lent, strict=True)
+                if not spans
+                for i in fits[c.start : c.stop]
+            )
+        )
         requests = [
             Request(
                 Op.PUT,
                 0,
                 tuple(keys[i] for i in fits[c.start : c.stop]),
-                tuple(arena.encode(keys[i], views[i]) for i in fits[c.start : c.stop]),
+                ()
+                if spans
+                else tuple(arena.encode(keys[i], views[i]) for i in fits[c.start : c.stop]),
+                lease=lease.id if spans and lease is not None else 0,
+                spans=spans,
             )
-            for c in parts
+            for c, spans in zip(parts, lent, strict=True)
         ]
-        replies = self._send_records(arena, requests)
+        answers = _Answers(lease)
+        replies = self._send_records(arena, requests, answers.note)
+        self._settle(answers, len(requests))
         results = [False] * len(keys)
         for part, reply in zip(parts, replies, strict=True):
             if reply is not None and len(reply.stored) == part.stop - part.start:
@@ -334,6 +463,8 @@ class RemoteBackend:
                 return
             self._closed = True
             for channel in self._channels.values():
+                if channel.lease is not None:  # its slots come back now, not on expiry
+                    channel.post(Request(Op.SHM_DETACH, 0, lease=channel.lease.id), 0.1)
                 channel.close()
             self._channels.clear()
         self._ctx.term()
@@ -367,11 +498,13 @@ class RemoteBackend:
             arena = self._local.arena = RecordArena()
         return arena
 
-    def _send_records(self, arena: RecordArena, requests: list[Request]) -> list[PutReply | None]:
+    def _send_records(
+        self, arena: RecordArena, requests: list[Request], on_reply: OnReply
+    ) -> list[PutReply | None]:
         """The PUT exchange; the arena is dropped unless every request was answered (see
         ``record_arena``: only then has ZeroMQ surely finished sending from it)."""
         try:
-            replies = self._call(Op.PUT, requests, PutReply)
+            replies = self._call(Op.PUT, requests, PutReply, on_reply)
         except BaseException:
             arena.discard()
             raise
