@@ -6,8 +6,8 @@ import bisect
 
 from storage_backends.remote.protocol import Span
 
-# Every range starts and ends on this granularity (records are kept 64-byte aligned
-# within it, and the free list stays short).
+# Every range starts and ends on this granularity (so records start page-aligned and
+# the free list stays short).
 GRAIN = 4096
 
 
