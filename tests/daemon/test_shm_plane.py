@@ -8,6 +8,7 @@ record.
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 from collections.abc import Iterator
@@ -79,7 +80,7 @@ class ExtentsMachine(RuleBasedStateMachine):
     @invariant()
     def spans_are_disjoint_and_counted(self) -> None:
         spans = sorted(self.taken)
-        for a, b in zip(spans, spans[1:], strict=False):
+        for a, b in itertools.pairwise(spans):
             assert a.offset + a.length <= b.offset
         assert self.extents.used == sum(s.length for s in spans)
 
@@ -179,7 +180,7 @@ def test_a_client_reads_only_the_keys_intact_record(plane: ShmPlane) -> None:
     grant = plane.attach(0, 4 * GRAIN)
     reply = ShmAttachReply(1, grant.lease, plane.path, plane.size, grant.put, EXPIRES_S)
     lease = ClientLease(reply, 0.0)
-    (key, rec), (other, other_rec) = record(7), record(8)
+    (key, rec), (_, other_rec) = record(7), record(8)
     spans = plane.lend(grant.lease, [rec, other_rec])
     assert spans is not None
     dst = memoryview(bytearray(1000))
