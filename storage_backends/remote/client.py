@@ -29,7 +29,7 @@ from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
 from storage_backends.page_format import HEADER_BYTES, Verdict
-from storage_backends.record_arena import ARENA_BYTES, RecordArena
+from storage_backends.record_arena import RecordArena
 from storage_backends.remote.channel import Channel, CurveKeys, OnReply
 from storage_backends.remote.protocol import (
     ContainsReply,
@@ -56,6 +56,9 @@ logger = logging.getLogger(__name__)
 # the daemon answers one while the client verifies and copies the previous one.
 REQUEST_KEYS = 1024
 REQUEST_BYTES = 1 << 20
+# The put area a shared-memory lease asks for (the daemon grants up to a quarter of its
+# slab): the records of a put go through it in rounds of this many bytes.
+SHM_PUT_BYTES = 64 << 20
 # Room for a reply header (a GET's found list, a STATS map) beyond a page record.
 REPLY_HEADER_BYTES = 1 << 20
 # Replies the daemon sends when it, not the request, is the problem.
@@ -308,7 +311,7 @@ class RemoteBackend:
         if lease is not None and lease.fresh(now):
             return lease
         answers = _Answers(None)
-        ask = Request(Op.SHM_ATTACH, 0, lease=lease.id if lease else 0, put_bytes=ARENA_BYTES)
+        ask = Request(Op.SHM_ATTACH, 0, lease=lease.id if lease else 0, put_bytes=SHM_PUT_BYTES)
         (grant,) = self._call(Op.SHM_ATTACH, [ask], ShmAttachReply, answers.note)
         channel.lease = None
         if grant is None:
@@ -348,53 +351,70 @@ class RemoteBackend:
         self._check_open()
         views = check_batch(keys, src, writable=False)
         fits = [i for i, v in enumerate(views) if len(v) <= self._config.max_page_bytes]
-        parts = chunks([len(views[i]) for i in fits])
+        parts = [fits[c.start : c.stop] for c in chunks([len(views[i]) for i in fits])]
+        results = [False] * len(keys)
+        for group in self._put_rounds(parts, views):
+            self._put_round(group, keys, views, results)
+        self._counters.record_put(sum(results), len(keys) - sum(results), 0)
+        return results
+
+    def _put_rounds(self, parts: list[list[int]], views: list[memoryview]) -> list[list[list[int]]]:
+        """A put's requests (page indices each) in rounds, each sent once the last was
+        answered: one round over frames; through a lease, as many as reuse its put area."""
+        lease = self._lease()
+        room = lease.area_bytes if lease is not None else 0
+        rounds: list[list[list[int]]] = [[]]
+        used = 0
+        for part in parts:
+            size = sum(HEADER_BYTES + len(views[i]) for i in part)
+            if room and rounds[-1] and used + size > room:
+                rounds.append([])
+                used = 0
+            rounds[-1].append(part)
+            used += size
+        return rounds
+
+    def _put_round(
+        self,
+        parts: list[list[int]],
+        keys: Sequence[bytes],
+        views: list[memoryview],
+        results: list[bool],
+    ) -> None:
+        """One round of PUT requests: through the lease's put area where the records fit,
+        else as frames from the arena; ``results`` filled from the replies."""
         lease = self._lease()
         if lease is not None:
             lease.start()
         lent = [
-            lease.encode(
-                [keys[i] for i in fits[c.start : c.stop]],
-                [views[i] for i in fits[c.start : c.stop]],
-            )
+            lease.encode([keys[i] for i in part], [views[i] for i in part])
             if lease is not None
             else ()
-            for c in parts
+            for part in parts
         ]
         arena = self._arena()
-        arena.start(
-            sum(
-                HEADER_BYTES + len(views[i])
-                for c, spans in zip(parts, lent, strict=True)
-                if not spans
-                for i in fits[c.start : c.stop]
-            )
-        )
+        framed = [part for part, spans in zip(parts, lent, strict=True) if not spans]
+        arena.start(sum(HEADER_BYTES + len(views[i]) for part in framed for i in part))
         requests = [
             Request(
                 Op.PUT,
                 0,
-                tuple(keys[i] for i in fits[c.start : c.stop]),
-                ()
-                if spans
-                else tuple(arena.encode(keys[i], views[i]) for i in fits[c.start : c.stop]),
+                tuple(keys[i] for i in part),
+                () if spans else tuple(arena.encode(keys[i], views[i]) for i in part),
                 lease=lease.id if spans and lease is not None else 0,
                 spans=spans,
             )
-            for c, spans in zip(parts, lent, strict=True)
+            for part, spans in zip(parts, lent, strict=True)
         ]
         answers = _Answers(lease)
         replies = self._send_records(arena, requests, answers.note)
         self._settle(answers, len(requests))
-        results = [False] * len(keys)
         for part, reply in zip(parts, replies, strict=True):
-            if reply is not None and len(reply.stored) == part.stop - part.start:
-                for i, stored in zip(fits[part.start : part.stop], reply.stored, strict=True):
+            if reply is not None and len(reply.stored) == len(part):
+                for i, stored in zip(part, reply.stored, strict=True):
                     results[i] = stored
             elif reply is not None:
                 self._count("bad_replies")
-        self._counters.record_put(sum(results), len(keys) - sum(results), 0)
-        return results
 
     def delete(self, keys: Sequence[bytes]) -> int:
         self._check_open()

@@ -56,6 +56,11 @@ class ClientLease:
         self._used = 0
         self.confirmed = now  # when a request of this lease last reached a live daemon
 
+    @property
+    def area_bytes(self) -> int:
+        """The size of the lease's put area (0: none)."""
+        return self._area.length
+
     def fresh(self, now: float) -> bool:
         """Whether the daemon surely still holds the lease (confirmed within half its life)."""
         return now - self.confirmed < self.expires_s / 2

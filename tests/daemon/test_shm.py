@@ -136,6 +136,22 @@ def test_what_the_slab_cannot_hold_goes_as_frames(shm_daemon: Daemon, connect) -
         backend.close()
 
 
+def test_a_put_bigger_than_the_put_area_goes_through_it_in_rounds(shm_daemon, connect) -> None:
+    stat = stats(shm_daemon, connect(shm_daemon.endpoint))
+    backend = remote(shm_daemon.endpoint)
+    sizes = {i: 1 << 20 for i in range(10)}  # 10 MiB through a 4 MiB put area
+    expected = [payload(i, s) for i, s in sizes.items()]
+    try:
+        assert (
+            backend.put([key(i) for i in sizes], [memoryview(e) for e in expected]) == [True] * 10
+        )
+        assert stat("hicache_daemon_received_bytes_total") < (1 << 20) / 10
+        for half in (range(5), range(5, 10)):
+            assert read_back(backend, {i: sizes[i] for i in half}) == [expected[i] for i in half]
+    finally:
+        backend.close()
+
+
 HOLDER = """
 import sys
 import zmq
