@@ -203,8 +203,8 @@ class ShmPlane:
         """Remove the slab (clients' mappings stay valid until they drop them)."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        self._view.release()
         with contextlib.suppress(BufferError):  # views still held by queued work
+            self._view.release()
             self._map.close()
 
     def _alive(self, lease: int) -> _Lease:

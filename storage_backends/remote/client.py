@@ -24,7 +24,7 @@ import zmq
 
 from storage_backends.base import StorageStats
 from storage_backends.batch import check_batch, check_keys
-from storage_backends.breaker import Admission, CircuitBreaker
+from storage_backends.breaker import Admission, BreakerState, CircuitBreaker
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
@@ -304,8 +304,8 @@ class RemoteBackend:
         """This thread's lease on the daemon's slab, attached (or renewed) when it may have
         expired; None: pages go as frames (``storage.shm`` off, the daemon has no shared
         memory or did not answer)."""
-        if self._shm_off:
-            return None
+        if self._shm_off or self._breaker.state is not BreakerState.CLOSED:
+            return None  # (an open breaker: the call itself fails fast or probes)
         channel = self._channel()
         lease, now = channel.lease, time.monotonic()
         if lease is not None and lease.fresh(now):
@@ -331,8 +331,15 @@ class RemoteBackend:
         except (OSError, ValueError) as e:  # not the daemon's host, or its slab is gone
             logger.warning("cannot map the daemon's shared memory (%s): pages go as frames", e)
             self._shm_off = True
-            self._channel().post(Request(Op.SHM_DETACH, 0, lease=grant.lease), 0.1)
+            self._detach(self._channel(), grant.lease)
             return None
+
+    @staticmethod
+    def _detach(channel: Channel, lease: int) -> None:
+        """Give ``lease`` up (unanswered; if it cannot be sent, the daemon reclaims the lease
+        once it has been silent for its expiry)."""
+        with contextlib.suppress(zmq.ZMQError):
+            channel.post(Request(Op.SHM_DETACH, 0, lease=lease), 0.1)
 
     def _settle(self, answers: _Answers, sent: int) -> None:
         """After an exchange through a lease: renewed if every request was answered,
@@ -345,7 +352,7 @@ class RemoteBackend:
             return
         channel = self._channel()
         channel.lease = None
-        channel.post(Request(Op.SHM_DETACH, 0, lease=lease.id), 0.1)
+        self._detach(channel, lease.id)
 
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         self._check_open()
@@ -484,7 +491,7 @@ class RemoteBackend:
             self._closed = True
             for channel in self._channels.values():
                 if channel.lease is not None:  # its slots come back now, not on expiry
-                    channel.post(Request(Op.SHM_DETACH, 0, lease=channel.lease.id), 0.1)
+                    self._detach(channel, channel.lease.id)
                 channel.close()
             self._channels.clear()
         self._ctx.term()
