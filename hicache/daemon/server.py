@@ -284,8 +284,7 @@ class DaemonServer:
             return self._stats(request, tenant)
         if request.op in (Op.EXISTS, Op.CONTAINS, Op.GET):
             job = ReadJob(identity.bytes, request, keys, tenant, start)
-            # Through a lease, even memory hits are copied into slots: on a reader thread.
-            done = None if request.lease else self._from_memory(job)
+            done = self._lent_from_memory(job) if request.lease else self._from_memory(job)
             if done is None:
                 self._submit_read(job)
             else:
@@ -385,6 +384,20 @@ class DaemonServer:
         self._metrics.looked_up(len(records), 0, 0)
         reply = GetReply(request.id, (True,) * len(records), tuple(records))
         return ReadDone(job, reply, sum(sizes))
+
+    def _lent_from_memory(self, job: ReadJob) -> ReadDone | None:
+        """``_from_memory`` through a lease: a GET the memory tier holds in full, copied
+        into slots lent to the lease here (a copy holds the GIL on whichever thread makes
+        it); None to queue the read for the readers (a miss, another op, no room)."""
+        assert self._shm is not None
+        records = self._store.cached(job.keys) if job.request.op is Op.GET else None
+        if records is None:
+            return None if job.request.op is Op.GET else self._from_memory(job)
+        spans = self._shm.lend(job.request.lease, records)
+        if spans is None:
+            return None
+        self._metrics.looked_up(len(records), 0, 0)
+        return ReadDone(job, GetReply(job.request.id, (True,) * len(records), (), spans))
 
     def _serve_read(self, job: ReadJob) -> ReadDone:
         """Answer one GET, EXISTS or CONTAINS (on a reader thread)."""
