@@ -29,6 +29,7 @@ from storage_backends.remote.protocol import (
     Op,
     Request,
     ShmAttachReply,
+    StatsReply,
     decode_reply,
     encode_request,
 )
@@ -308,28 +309,39 @@ def test_a_client_whose_request_is_in_flight_keeps_its_slots(
     # Not answered from the memory tier on the socket thread: a reader holds it at the gate.
     monkeypatch.setattr(DaemonStore, "cached", lambda self, keys: None)
     config = DaemonConfig.from_mapping(tomllib.loads(shm_toml(tmp_path)))
-    with in_process_daemon(
-        dataclasses.replace(config, server=dataclasses.replace(config.server, ready_file=""))
-    ) as served:
+    quiet = dataclasses.replace(config.server, ready_file="")
+    with in_process_daemon(dataclasses.replace(config, server=quiet)) as served:
         client, other = connect(served.endpoint), connect(served.endpoint)
-        stat = lambda name: dict(_call(other, Request(Op.STATS, 1)).stats)[name]  # type: ignore[attr-defined]  # noqa: E731
-        writer = remote(served.endpoint, shm=False)
-        assert writer.put([key(0), slow], [memoryview(payload(0, 100 << 10))] * 2) == [True] * 2
-        writer.close()
-        grant = _call(client, Request(Op.SHM_ATTACH, 1))
-        assert isinstance(grant, ShmAttachReply)
-        held = _call(client, Request(Op.GET, 2, (key(0),), lease=grant.lease))
-        assert isinstance(held, GetReply) and len(held.spans) == 1
-        lent = stat(LENT)
-        client.sock.send_multipart(encode_request(Request(Op.GET, 3, (slow,), lease=grant.lease)))
-        # Nothing from the client for five windows, but its GET is in flight: it keeps all.
-        deadline = time.monotonic() + 5 * RECLAIM_S
-        while time.monotonic() < deadline:
-            assert stat(LEASES) == 1 and stat(LENT) == lent
-            threading.Event().wait(0.05)  # pace the loop: no state to wait for
-        gate.set()
+        try:
+            _hold_in_flight(client, other, served.endpoint, slow)
+        finally:
+            gate.set()
         frames = client.recv()
         assert frames is not None
         late = decode_reply(frames, Op.GET)
         assert isinstance(late, GetReply) and len(late.spans) == 1  # answered through the slab
-        assert wait_until(lambda: stat(LEASES) == 0 and stat(LENT) == 0, BOUND_S)  # then silent
+        assert wait_until(lambda: _stat(other, LEASES) == 0 and _stat(other, LENT) == 0, BOUND_S)
+
+
+def _stat(client: Client, name: str) -> float:
+    reply = _call(client, Request(Op.STATS, 1))
+    assert isinstance(reply, StatsReply)
+    return reply.stats[name]
+
+
+def _hold_in_flight(client: Client, other: Client, endpoint: str, slow: bytes) -> None:
+    """``client`` holds a slot and has a GET of ``slow`` (held at the gate) in flight for
+    five reclaim windows, sending nothing else; ``other`` watches it keep everything."""
+    writer = remote(endpoint, shm=False)
+    assert writer.put([key(0), slow], [memoryview(payload(0, 100 << 10))] * 2) == [True] * 2
+    writer.close()
+    grant = _call(client, Request(Op.SHM_ATTACH, 1))
+    assert isinstance(grant, ShmAttachReply)
+    held = _call(client, Request(Op.GET, 2, (key(0),), lease=grant.lease))
+    assert isinstance(held, GetReply) and len(held.spans) == 1
+    lent = _stat(other, LENT)
+    client.sock.send_multipart(encode_request(Request(Op.GET, 3, (slow,), lease=grant.lease)))
+    deadline = time.monotonic() + 5 * RECLAIM_S
+    while time.monotonic() < deadline:
+        assert _stat(other, LEASES) == 1 and _stat(other, LENT) == lent
+        threading.Event().wait(0.05)  # pace the loop: no state to wait for
