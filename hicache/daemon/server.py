@@ -386,13 +386,14 @@ class DaemonServer:
         return ReadDone(job, reply, sum(sizes))
 
     def _lent_from_memory(self, job: ReadJob) -> ReadDone | None:
-        """``_from_memory`` through a lease: a GET the memory tier holds in full, copied
-        into slots lent to the lease here (a copy holds the GIL on whichever thread makes
-        it); None to queue the read for the readers (a miss, another op, no room)."""
+        """``_from_memory`` for a GET through a lease (only GET and PUT name one): what the
+        memory tier holds in full is copied into slots lent to the lease here (a copy holds
+        the GIL on whichever thread makes it); None to queue the read for the readers (a
+        key not in memory, or no room in the slab)."""
         assert self._shm is not None
-        records = self._store.cached(job.keys) if job.request.op is Op.GET else None
+        records = self._store.cached(job.keys)
         if records is None:
-            return None if job.request.op is Op.GET else self._from_memory(job)
+            return None
         spans = self._shm.lend(job.request.lease, records)
         if spans is None:
             return None
