@@ -56,9 +56,10 @@ def for_client(stored: memoryview, client_key: bytes) -> memoryview | None:
     already verified by the store), framed for ``client_key``: the buffer itself with its
     key rewritten (a record stored the new way), the client's record inside it (a wrapped
     one: a view, no copy), or None when a wrapped record does not match the client's key
-    (logged). Mutates ``stored``'s key field only."""
+    (logged), as for a client key not of 32 bytes (no record of it can have been
+    stored: a PUT's record header holds 32). Mutates ``stored``'s key field only."""
     if len(client_key) != KEY_BYTES:
-        raise ValueError(f"page keys must be {KEY_BYTES} bytes, got {len(client_key)}")
+        return None
     inner = stored[HEADER_BYTES:]
     if inner[: len(_WRAPPED_PREFIX)] != _WRAPPED_PREFIX:
         rekey(stored, client_key)
