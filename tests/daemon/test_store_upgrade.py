@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from hicache.config.daemon import StoreConfig
 from hicache.daemon.auth import DEFAULT_TENANT
@@ -51,13 +52,18 @@ def _plain(tmp_path: Path, backend: str) -> object:
 
 
 def test_a_put_stores_the_record_once_under_the_scoped_key(
-    open_store, tmp_path: Path, daemon_backend: str
+    open_store, tmp_path: Path, daemon_backend: str, monkeypatch
 ) -> None:
     client = [page_key(i) for i in range(3)]
     records = [page_record(key, i, size=SIZE) for i, key in enumerate(client)]
     scoped = [scoped_key("t", key) for key in client]
     store = open_store()
+    hashed: list[int] = []
+    real = xxhash.xxh3_64_intdigest
+    monkeypatch.setattr(xxhash, "xxh3_64_intdigest", lambda data: hashed.append(1) or real(data))
     assert store.put(scoped, records, "t") == [True] * 3
+    assert hashed == []  # the writer verified the records: the store hashes nothing again
+    monkeypatch.undo()
     assert store.size().store_bytes == 3 * (SIZE + HEADER_BYTES)
     store.close()
     plain = _plain(tmp_path, daemon_backend)
