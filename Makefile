@@ -10,8 +10,8 @@ CONFIG ?= configs/default.toml
 # The compiled hot path (device_pool/native.py): the .pyx twins of the hot
 # primitives. A failed build leaves the pure-Python modules in use, with a note.
 NATIVE := build/native/manifest.json
-PURE_TESTS := tests/device_pool tests/hicache/test_radix_cache.py tests/hicache/test_token_keys.py \
-	tests/hicache/test_cache_stateful.py tests/hicache/test_misuse_stateful.py tests/hicache/test_native.py
+PURE_TESTS := tests/device_pool tests/hicache/test_radix_cache.py tests/hicache/tree/test_token_keys.py \
+	tests/hicache/test_cache_stateful.py tests/hicache/test_misuse_stateful.py
 NATIVE_SRC := scripts/build_native.py device_pool/native.py device_pool/page_table.pyx hicache/tree/token_ids.pyx
 
 .PHONY: run test test-slow test-mooncake lint bench format clean redis-server

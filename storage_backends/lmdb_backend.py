@@ -49,6 +49,7 @@ from storage_backends.store_dir import (
     reconcile_meta,
     stored_fingerprint,
 )
+from storage_backends.trusted_records import check_record_buffers, header_for, trusted_records
 
 logger = logging.getLogger(__name__)
 
@@ -393,6 +394,29 @@ class LmdbBackend:
         self._finish_read(keys, hits, damaged)
         return hits
 
+    def get_records(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
+        """Read each key's whole record (header + payload, the header naming the store's
+        key) into ``dst[i]``, whose length must be the stored record's (else a miss).
+        The bytes copied are the bytes verified; recency, counters and damage as in
+        ``get``. ValueError for a buffer shorter than a header. For a caller that hands
+        the record on as it is (the daemon)."""
+        self._check_open()
+        views = check_record_buffers(keys, dst)
+        hits = [False] * len(keys)
+        damaged: list[bytes] = []
+        with self._reading() as txn:
+            for i, (key, view) in enumerate(zip(keys, views, strict=True)):
+                blob = txn.get(key, db=self._dbs.pages)
+                if blob is None or len(blob) != len(view):
+                    continue
+                view[:] = blob
+                verdict = validate(view, key, None)
+                hits[i] = verdict is Verdict.OK
+                if verdict.corrupt:
+                    damaged.append(key)
+        self._finish_read(keys, hits, damaged)
+        return hits
+
     def read(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """Verified payloads of ``keys`` (copies), None for a miss: for readers that do not
         know the page sizes (the daemon). Recency, counters and damage as in ``get``."""
@@ -466,23 +490,43 @@ class LmdbBackend:
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         self._check_open()
         views = check_batch(keys, src, writable=False)
+        return self._put_payloads(keys, views, [None] * len(views))
+
+    def put_records(self, keys: Sequence[bytes], records: Sequence[memoryview]) -> list[bool]:
+        """``put`` of whole records the caller verified (header + payload, as
+        ``trusted_records`` says): each is stored under its key with its own checksum,
+        not hashed again; the header's key becomes the store key. ValueError (nothing
+        stored) for a record that is not a whole record; as ``put`` otherwise."""
+        self._check_open()
+        trusted = trusted_records(keys, records)
+        payloads = [record.payload for record in trusted]
+        return self._put_payloads(keys, payloads, [record.checksum for record in trusted])
+
+    def _put_payloads(
+        self, keys: Sequence[bytes], views: list[memoryview], sums: Sequence[int | None]
+    ) -> list[bool]:
+        """``put`` of checked payloads; ``sums``: each one's xxh3 when known (None: hash it)."""
         with self._write_lock:
             self._check_open()
             if not self._reopen_if_replaced():
                 self._counters.record_put(0, len(keys), 0)
                 return [False] * len(keys)
-            outcome = self._write_with_retry(self._touches.take(), keys, views)
+            outcome = self._write_with_retry(self._touches.take(), keys, views, sums)
         self._counters.record_put(outcome.puts, outcome.failures, outcome.evictions)
         return outcome.results
 
     def _write_with_retry(
-        self, touched: list[bytes], keys: Sequence[bytes], views: list[memoryview]
+        self,
+        touched: list[bytes],
+        keys: Sequence[bytes],
+        views: list[memoryview],
+        sums: Sequence[int | None],
     ) -> _PutOutcome:
         """Write the batch; when the map is full, commit the prefix that fit and fail the rest."""
         limit = len(keys)
         while True:
             try:
-                done = self._write_batch(touched, keys[:limit], views[:limit])
+                done = self._write_batch(touched, keys[:limit], views[:limit], sums[:limit])
                 break
             except _MapFull as full:
                 # Always shrink, so a store too full even for bookkeeping still terminates.
@@ -508,7 +552,11 @@ class LmdbBackend:
         )
 
     def _write_batch(
-        self, touched: list[bytes], keys: Sequence[bytes], views: list[memoryview]
+        self,
+        touched: list[bytes],
+        keys: Sequence[bytes],
+        views: list[memoryview],
+        sums: Sequence[int | None],
     ) -> _PutOutcome:
         """One write transaction: queued touches, then the pages; raises _MapFull(index)."""
         done: list[_PutResult] = []
@@ -516,9 +564,9 @@ class LmdbBackend:
             writer = _Writer(txn, self._dbs)
             for key in touched:
                 writer.touch(key)
-            for i, (key, view) in enumerate(zip(keys, views, strict=True)):
+            for i, (key, view, checksum) in enumerate(zip(keys, views, sums, strict=True)):
                 try:
-                    done.append(self._put_one(writer, key, view))
+                    done.append(self._put_one(writer, key, view, checksum))
                 except lmdb.MapFullError as exc:
                     raise _MapFull(i) from exc
             try:
@@ -533,7 +581,9 @@ class LmdbBackend:
             evictions=writer.evictions,
         )
 
-    def _put_one(self, writer: _Writer, key: bytes, view: memoryview) -> _PutResult:
+    def _put_one(
+        self, writer: _Writer, key: bytes, view: memoryview, checksum: int | None
+    ) -> _PutResult:
         if writer.has(key):
             writer.touch(key)
             return _PutResult.PRESENT
@@ -541,7 +591,10 @@ class LmdbBackend:
         if len(view) > self._config.max_page_bytes or size > self._config.max_bytes:
             return _PutResult.REJECTED
         writer.evict_until(self._config.max_bytes - size)
-        writer.insert(key, encode_page(key, view))
+        if checksum is None:
+            writer.insert(key, encode_page(key, view))
+        else:  # a record the caller verified: its checksum, the store's key
+            writer.insert(key, b"".join((header_for(key, len(view), checksum), view)))
         return _PutResult.STORED
 
     def delete(self, keys: Sequence[bytes]) -> int:

@@ -14,8 +14,8 @@ import pytest
 from hicache.cache import HiRadixCache
 from hicache.config.cache import EventsConfig
 from hicache.events.kv import ZmqEventPublisher
+from tests.hicache.events.kv_event_peers import SGLANG, VLLM
 from tests.hicache.helpers import serve, two_tier
-from tests.hicache.kv_event_peers import SGLANG, VLLM
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "subscribe_events.py"
@@ -39,7 +39,7 @@ def test_the_readme_names_the_releases_the_tests_decode_with(package: str) -> No
     version = pinned()[package]
     name = {"vllm": "vLLM", "sglang": "SGLang"}[package]
     assert f"{name} {version}" in (ROOT / "README.md").read_text()
-    # tests/hicache/test_events.py decodes every batch with that release's own Structs.
+    # tests/hicache/events/test_events.py decodes every batch with that release's own Structs.
     assert f"{package}=={version}" in (VLLM, SGLANG)
 
 

@@ -2,8 +2,9 @@
 stores that provide it (``store.backend``: ``lmdb`` or ``disk``).
 
 The daemon stores each client's page record (header + payload, as the client framed
-it) as the payload of a page of the backend, under the tenant-scoped key. It never
-knows which backend is behind it: both satisfy ``RecordStore`` as they are.
+it, verified) as a record of the backend under the tenant-scoped key: the header's key
+rewritten, nothing hashed again (``record_framing``). It never knows which backend is
+behind it: both satisfy ``RecordStore`` as they are.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ logger = logging.getLogger(__name__)
 
 
 class RecordStore(Protocol):
-    """A local page store as the daemon uses it (``storage_backends``' protocol, plus
-    ``sizes``).
+    """A local page store as the daemon uses it (part of ``storage_backends``' protocol,
+    plus ``sizes`` and the whole-record ``get_records``/``put_records``).
 
     Thread-safety: every method may run concurrently on several threads, except
     ``close``, once nothing else runs. A miss is never an exception; a store whose
@@ -44,14 +45,19 @@ class RecordStore(Protocol):
         """Per key, the stored payload length (None: absent). Mutates nothing."""
         ...
 
-    def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
-        """Verified payloads copied into ``dst`` (a length that differs is a miss); a
-        miss's buffer may be partly written. Updates recency; drops damaged pages."""
+    def get_records(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
+        """Whole verified records (header naming the store key, then the payload) copied
+        into ``dst``, each of ``HEADER_BYTES`` + the stored payload length (another length
+        is a miss); a miss's buffer may be partly written. Updates recency; drops damaged
+        pages. ValueError for a buffer shorter than a header."""
         ...
 
-    def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
-        """Committed when it returns (durable as ``sync`` says); per-key success, a key
-        already present is kept and reported stored. May evict the least recent."""
+    def put_records(self, keys: Sequence[bytes], records: Sequence[memoryview]) -> list[bool]:
+        """Store whole records the caller verified (``trusted_records``: the checksum is
+        not computed again; the header's key becomes the store key). Committed when it
+        returns (durable as ``sync`` says); per-key success, a key already present is
+        kept and reported stored. May evict the least recent. ValueError, storing
+        nothing, for a record that is not a whole record."""
         ...
 
     def delete(self, keys: Sequence[bytes]) -> int:

@@ -11,12 +11,13 @@ from typing import NamedTuple, Protocol
 
 from hicache.config.daemon import StoreConfig
 from hicache.daemon.memory_lru import ByteLRU
+from hicache.daemon.record_framing import for_client, stored_size
 from hicache.daemon.record_store import RecordStore
 from hicache.daemon.store_slot import StoreSlot
 from storage_backends import StorageConfig
 from storage_backends.config import user_cache_dir
 from storage_backends.errors import StorageWriteError
-from storage_backends.page_format import HEADER_BYTES, Verdict, check_header, validate
+from storage_backends.page_format import Verdict, validate
 from storage_backends.remote.protocol import Frame
 
 logger = logging.getLogger(__name__)
@@ -112,10 +113,11 @@ class FreshBuffers:
 def _read(
     store: RecordStore, keys: list[bytes], sizes: list[int], buffers: ReplyBuffers
 ) -> list[memoryview | None]:
-    """The records of ``keys`` read straight into buffers of their stored ``sizes``."""
+    """The stored records of ``keys`` read whole straight into buffers of their ``sizes``
+    (``record_framing.stored_size``)."""
     dst = [buffers.take(size) for size in sizes]
     try:
-        hits = store.get(keys, dst)
+        hits = store.get_records(keys, dst)
     except BaseException:
         for buffer in dst:
             buffers.give_back(buffer)
@@ -129,7 +131,8 @@ def _read(
 
 
 class _Where(NamedTuple):
-    """A GET's key found in the stores: which one (its place in the read order), how big."""
+    """A GET's key found in the stores: which one (its place in the read order), and the
+    size of its record read whole (the reply is this long, or a header shorter)."""
 
     store: int
     size: int
@@ -137,6 +140,12 @@ class _Where(NamedTuple):
 
 class DaemonStore:
     """Page records (header + payload as the client framed them) by (tenant, key).
+
+    The memory tier holds each record as the client framed it (what a GET sends); the
+    store holds the same record with the scoped key in its header (``record_framing``),
+    or, written by an older daemon, wrapped whole as a store record's payload. Both are
+    keyed by the scoped key; a store read is framed for the client before it is sent or
+    joins the memory tier, so the two tiers never disagree on a page's bytes.
 
     Thread-safety: ``exists``/``contains``/``get``/``size`` may run on any thread
     while one writer thread calls ``put``/``delete``; ``close`` once nothing else
@@ -221,14 +230,17 @@ class DaemonStore:
         buffers: ReplyBuffers | None = None,
     ) -> Lookup:
         """Records of scoped ``keys``: from memory (the cached objects themselves), else
-        read from the store straight into buffers taken from ``buffers`` (default: fresh
-        memory). Store hits then join the memory tier (read-through LRU): fresh memory as
-        it is, a caller's buffer as a copy (the caller reuses its buffers), made only when
-        the record fits the tier. Buffers of reads that missed, or whose record fails its
-        header check, are given back before this returns.
+        read whole from the store straight into buffers taken from ``buffers`` (default:
+        fresh memory) and framed for ``client_keys`` there (``record_framing``: the key
+        field rewritten; a record written wrapped is a view into its buffer). Store hits
+        then join the memory tier (read-through LRU): fresh memory as it is, a caller's
+        buffer as a copy (the caller reuses its buffers), made only when the record fits
+        the tier. Buffers of reads that missed, or whose record does not match its client
+        key, are given back before this returns.
 
         The records returned add up to at most ``max_bytes``: from the first key
-        that would exceed it, every later key is reported as a miss (and not read).
+        that would exceed it, every later key is reported as a miss (and not read). A
+        record written wrapped counts a header more than it is long.
         """
         records: list[Frame | None] = [self._memory.get(key) for key in keys]
         from_memory = [record is not None for record in records]
@@ -243,9 +255,10 @@ class DaemonStore:
             if not wanted:
                 continue
             read = _read_in(slot, [keys[i] for i in wanted], [where[i] for i in wanted], source)
-            for i, record in zip(wanted, read, strict=True):
-                if record is not None and not self._intact(record, client_keys[i]):
-                    source.give_back(record)
+            for i, stored in zip(wanted, read, strict=True):
+                record = for_client(stored, client_keys[i]) if stored is not None else None
+                if stored is not None and record is None:
+                    source.give_back(stored)
                 elif record is not None:
                     records[i] = record
                     self._promote(keys[i], record, generation, copy=buffers is not None)
@@ -271,28 +284,26 @@ class DaemonStore:
             sizes = _sizes_in(slot, [keys[i] for i in missing])
             for i, size in zip(missing, sizes, strict=True):
                 if size is not None:
-                    where[i] = _Where(n, size)
+                    where[i] = _Where(n, stored_size(size))
         return where
-
-    @staticmethod
-    def _intact(record: Frame, client_key: bytes) -> bool:
-        # The store's checksum covered these bytes; this only rechecks the client's header.
-        verdict = check_header(record, client_key, len(record) - HEADER_BYTES, None)
-        if verdict is not Verdict.OK:
-            logger.warning("stored record does not match its key (%s); reported a miss", verdict)
-        return verdict is Verdict.OK
 
     def put(
         self, keys: Sequence[bytes], records: Sequence[Frame], tenant: str | None = None
     ) -> list[bool]:
         """Commit records (one store transaction), then cache them; per-key success.
-        A key already held (memory, or a store the tenant reads) keeps its first page."""
+        A key already held (memory, or a store the tenant reads) keeps its first page.
+
+        Each record must have passed ``check_record`` against the client key that
+        ``keys[i]`` scopes (the writer checks): the store keeps it with the scoped key in
+        its header and its checksum as the client computed it, not hashed again, and a
+        GET frames it for the client key it is asked for. ValueError, storing nothing,
+        for a record that is not a whole page record."""
         views = [memoryview(record) for record in records]
         held = self._present(keys, tenant)
         new = [i for i, hit in enumerate(held) if not hit]
         target = self._stores(tenant)[0]
         stored = target.run_write(
-            lambda store: store.put([keys[i] for i in new], [views[i] for i in new])
+            lambda store: store.put_records([keys[i] for i in new], [views[i] for i in new])
         )
         results = [True] * len(keys)
         cached: set[bytes] = set()

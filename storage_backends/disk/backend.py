@@ -31,6 +31,7 @@ from storage_backends.lmdb_check import check_store
 from storage_backends.log_limit import LogLimiter
 from storage_backends.recency import PendingTouches
 from storage_backends.store_dir import prepare_store_dir, quarantine_store
+from storage_backends.trusted_records import trusted_records
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +167,14 @@ class DiskBackend:
         self._check_open()
         return self._reads.get_scatter(keys, dst)
 
+    def get_records(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
+        """Read each key's whole record (header + payload, the header naming the store's
+        key) into ``dst[i]``, whose length must be ``HEADER_BYTES`` + the stored payload
+        length (else a miss). Verified as ``get`` verifies; ValueError for a buffer shorter
+        than a header. For a caller that hands the record on as it is (the daemon)."""
+        self._check_open()
+        return self._reads.get_records(keys, dst)
+
     # -- writes --------------------------------------------------------------------------
 
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
@@ -176,6 +185,21 @@ class DiskBackend:
         with self._write_lock:
             self._check_open()
             return self._writes.put_locked(keys, views)
+
+    def put_records(self, keys: Sequence[bytes], records: Sequence[memoryview]) -> list[bool]:
+        """``put`` of whole records the caller verified (header + payload, as
+        ``trusted_records`` says): each is stored under its key with its own checksum,
+        not hashed again; the header's key becomes the store key. ValueError (nothing
+        stored) for a record that is not a whole record; as ``put`` otherwise."""
+        self._check_open()
+        trusted = trusted_records(keys, records)
+        if not trusted:
+            return []
+        payloads = [record.payload for record in trusted]
+        checksums = [record.checksum for record in trusted]
+        with self._write_lock:
+            self._check_open()
+            return self._writes.put_locked(keys, payloads, checksums)
 
     @property
     def fault_hook(self) -> FaultHook | None:

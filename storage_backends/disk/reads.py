@@ -22,6 +22,7 @@ from storage_backends.disk.read_plan import GAP_MAX, IOV_MAX, ReadRun, plan_read
 from storage_backends.disk.records import check_read, check_run
 from storage_backends.page_format import HEADER_BYTES, Verdict
 from storage_backends.recency import FLUSH_AT
+from storage_backends.trusted_records import check_record_buffers
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,15 @@ class DiskReads:
         views = check_batch(keys, dst, writable=True)
         return self._read(keys, [[view] for view in views], [len(view) for view in views], 1)
 
+    def get_records(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
+        """Read each key's whole record (header + payload) into ``dst[i]``, whose length
+        must be the record's (``HEADER_BYTES`` + the stored payload length, else a miss).
+        Checked as ``get`` checks; a hit's header is the stored one (the store's key)."""
+        views = check_record_buffers(keys, dst)
+        payloads = [[view[HEADER_BYTES:]] for view in views]
+        heads = [view[:HEADER_BYTES] for view in views]
+        return self._read(keys, payloads, [len(view) - HEADER_BYTES for view in views], 1, heads)
+
     def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
         """Read each key's payload into the runs ``dst[i]``, in order (their lengths must
         add up to the stored payload length, else a miss). As ``get`` otherwise."""
@@ -74,9 +84,15 @@ class DiskReads:
         return self._read(keys, runs, lengths, max(map(len, runs), default=1))
 
     def _read(
-        self, keys: Sequence[bytes], dst: list[list[memoryview]], lengths: list[int], width: int
+        self,
+        keys: Sequence[bytes],
+        dst: list[list[memoryview]],
+        lengths: list[int],
+        width: int,
+        heads: list[memoryview] | None = None,
     ) -> list[bool]:
-        """The batch's hits; ``width``: the most buffers a page's destination has."""
+        """The batch's hits; ``width``: the most buffers a page's destination has;
+        ``heads``: where each intact record's header is copied (None: nowhere)."""
         ctx = self._ctx
         located = ctx.index.raw_locations(keys)
         raws = located.values
@@ -86,7 +102,7 @@ class DiskReads:
         max_run = min(IOV_MAX // (width + 2), -(-len(keys) // parts), per_run)
         young_from = located.newest_stamp + 1 - located.entries // YOUNG_SHARE
         plan = plan_reads(raws, lengths, max(1, max_run), young_from)
-        outcomes = ctx.pool.map(lambda run: self._read_run(run, keys, dst), plan.runs, parts)
+        outcomes = ctx.pool.map(lambda run: self._read_run(run, keys, dst, heads), plan.runs, parts)
         hits = [False] * len(keys)
         damaged: list[tuple[bytes, Location | None]] = [(keys[p], None) for p in plan.damaged]
         for run, intact in zip(plan.runs, outcomes, strict=True):
@@ -102,14 +118,19 @@ class DiskReads:
         return hits
 
     def _read_run(
-        self, run: ReadRun, keys: Sequence[bytes], dst: list[list[memoryview]]
+        self,
+        run: ReadRun,
+        keys: Sequence[bytes],
+        dst: list[list[memoryview]],
+        heads: list[memoryview] | None,
     ) -> list[bool]:
-        """Read a run's records with one ``preadv``; whether each is intact."""
+        """Read a run's records with one ``preadv``; whether each is intact (an intact
+        record's header copied to ``heads``, when given)."""
         headers = bytearray(HEADER_BYTES * len(run.positions))
-        heads = memoryview(headers)
+        views = memoryview(headers)
         iov: list[memoryview] = []
         for k, pos in enumerate(run.positions):
-            iov.append(heads[k * HEADER_BYTES : (k + 1) * HEADER_BYTES])
+            iov.append(views[k * HEADER_BYTES : (k + 1) * HEADER_BYTES])
             iov += dst[pos]
             if k < len(run.gaps) and run.gaps[k]:
                 iov.append(_GAP[: run.gaps[k]])
@@ -120,23 +141,38 @@ class DiskReads:
             self._ctx.log.failure("disk store read failed; reported as a damaged page", exc)
             return [False] * len(run.positions)
         if got != want:  # the file ends inside the run: each record on its own
-            return self._read_each(run, keys, dst)
-        return check_run(headers, keys, run.positions, run.payload_lens, dst)
+            return self._read_each(run, keys, dst, heads)
+        intact = check_run(headers, keys, run.positions, run.payload_lens, dst)
+        if heads is not None:
+            for k, (pos, ok) in enumerate(zip(run.positions, intact, strict=True)):
+                if ok:
+                    heads[pos][:] = views[k * HEADER_BYTES : (k + 1) * HEADER_BYTES]
+        return intact
 
     def _read_each(
-        self, run: ReadRun, keys: Sequence[bytes], dst: list[list[memoryview]]
+        self,
+        run: ReadRun,
+        keys: Sequence[bytes],
+        dst: list[list[memoryview]],
+        heads: list[memoryview] | None,
     ) -> list[bool]:
         """A run's records read and checked one by one."""
         out: list[bool] = []
         offset = run.offset
         for k, pos in enumerate(run.positions):
-            verdict = self._read_one(keys[pos], run.segment, offset, dst[pos])
+            head = heads[pos] if heads is not None else None
+            verdict = self._read_one(keys[pos], run.segment, offset, dst[pos], head)
             out.append(verdict is Verdict.OK)
             offset += HEADER_BYTES + run.payload_lens[k] + (run.gaps[k] if k < len(run.gaps) else 0)
         return out
 
     def _read_one(
-        self, key: bytes, segment: int, offset: int, runs: Sequence[memoryview]
+        self,
+        key: bytes,
+        segment: int,
+        offset: int,
+        runs: Sequence[memoryview],
+        head: memoryview | None = None,
     ) -> Verdict:
         header = bytearray(HEADER_BYTES)
         try:
@@ -144,7 +180,10 @@ class DiskReads:
         except OSError as exc:
             self._ctx.log.failure("disk store read failed; reported as a damaged page", exc)
             return Verdict.TRUNCATED
-        return check_read(header, key, got, runs)
+        verdict = check_read(header, key, got, runs)
+        if verdict is Verdict.OK and head is not None:
+            head[:] = header
+        return verdict
 
     def _drop_damaged(self, damaged: list[tuple[bytes, Location | None]]) -> int:
         """Delete pages found damaged whose entry still points where they were read and

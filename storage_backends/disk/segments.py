@@ -143,12 +143,14 @@ def _write_direct(fd: int, offset: int, bufs: Sequence[bytes | memoryview]) -> N
 
 
 def _read_direct(fd: int, offset: int, bufs: Sequence[bytearray | memoryview]) -> int:
+    # Records written without O_DIRECT sit at 64-byte offsets: read from the block below.
+    skip = offset % BLOCK
     total = sum(len(buf) for buf in bufs)
-    with _aligned(round_up(total, BLOCK)) as bounce:
-        got = min(os.preadv(fd, [bounce], offset), total)
+    with _aligned(round_up(skip + total, BLOCK)) as bounce:
+        got = max(0, min(os.preadv(fd, [bounce], offset - skip) - skip, total))
         view = memoryview(bounce)
         try:
-            at = 0
+            at = skip
             for buf in bufs:
                 buf[:] = view[at : at + len(buf)]
                 at += len(buf)

@@ -30,6 +30,7 @@ from storage_backends.disk.layout import SlotClass, SlotRun, slot_class
 from storage_backends.disk.parts import DiskParts
 from storage_backends.disk.runs import gap, spans
 from storage_backends.page_format import HEADER_BYTES, build_header
+from storage_backends.trusted_records import header_for
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ FaultHook = Callable[[PutPhase], None]
 class _Page(NamedTuple):
     pos: int  # position in the batch
     key: bytes
-    view: memoryview
+    view: memoryview  # the payload
+    checksum: int | None  # the payload's xxh3 when the caller verified it (None: hash it)
 
 
 class _Group(NamedTuple):
@@ -97,11 +99,19 @@ class DiskWrites:
         self._fsync_data = config.sync_level.fsync_data
         self._max_payload = min(config.max_page_bytes, config.max_bytes - HEADER_BYTES)
 
-    def put_locked(self, keys: Sequence[bytes], views: list[memoryview]) -> list[bool]:
-        """Store a checked, non-empty batch; the caller holds ``write_lock``."""
+    def put_locked(
+        self,
+        keys: Sequence[bytes],
+        views: list[memoryview],
+        checksums: Sequence[int | None] | None = None,
+    ) -> list[bool]:
+        """Store a checked, non-empty batch of payloads; the caller holds ``write_lock``.
+        ``checksums``: the payloads' xxh3, when the caller verified them (the records'
+        headers are then built from them, without hashing the payloads again)."""
+        sums = checksums if checksums is not None else [None] * len(keys)
         try:
             with self._ctx.index.writing() as writer:
-                outcome = self._put_in(writer, keys, views)
+                outcome = self._put_in(writer, keys, views, sums)
         except lmdb.Error as exc:
             self._ctx.log.failure("disk store index full or failing; batch not stored", exc)
             self._ctx.counters.record_put(0, len(keys), 0)
@@ -116,12 +126,16 @@ class DiskWrites:
             self.fault_hook(phase)
 
     def _put_in(
-        self, writer: IndexWriter, keys: Sequence[bytes], views: list[memoryview]
+        self,
+        writer: IndexWriter,
+        keys: Sequence[bytes],
+        views: list[memoryview],
+        sums: Sequence[int | None],
     ) -> _Outcome:
         """The batch inside ``writer``'s transaction (committed by the caller)."""
         results = [False] * len(keys)
         writer.touch_many(self._ctx.touches.take())
-        new = self._new_pages(writer, keys, views, results)
+        new = self._new_pages(writer, keys, views, sums, results)
         kept, given_up = self._fitting(new)
         for page in given_up:
             results[page.pos] = True
@@ -141,6 +155,7 @@ class DiskWrites:
         writer: IndexWriter,
         keys: Sequence[bytes],
         views: list[memoryview],
+        sums: Sequence[int | None],
         results: list[bool],
     ) -> list[_Page]:
         """The batch's pages not stored yet (present ones are touched and reported stored)."""
@@ -155,7 +170,7 @@ class DiskWrites:
             seen.add(key)
             view = views[i]
             if len(view) <= self._max_payload:
-                new.append(_Page(i, key, view))
+                new.append(_Page(i, key, view, sums[i]))
         return new
 
     def _fitting(self, pages: list[_Page]) -> tuple[list[_Page], list[_Page]]:
@@ -220,7 +235,10 @@ class DiskWrites:
         bufs: list[bytes | memoryview] = []
         for n, page in enumerate(span.pages):
             view = page.view
-            bufs += (build_header(page.key, view), view)
+            if page.checksum is None:
+                bufs += (build_header(page.key, view), view)
+            else:  # a record the caller verified: its checksum, the store's key
+                bufs += (header_for(page.key, len(view), page.checksum), view)
             pad = stride - HEADER_BYTES - len(view)
             if pad and n < last:
                 bufs.append(gap(pad))

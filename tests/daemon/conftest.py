@@ -19,7 +19,9 @@ import zmq
 
 from hicache.bench.processes import DAEMON_BANNER, ServerProcess
 from hicache.config.daemon import STORE_BACKENDS, DaemonConfig
+from hicache.daemon.record_store import OPENERS
 from hicache.daemon.server import DaemonServer
+from storage_backends import StorageConfig
 from storage_backends.page_format import encode_page
 from storage_backends.remote.protocol import (
     Frame,
@@ -45,6 +47,26 @@ def page_record(key: bytes, i: int, size: int = 256) -> bytes:
     """A page record whose payload depends on the key and ``i`` (so mix-ups are visible)."""
     payload = (key + i.to_bytes(8, "little")) * (size // 40 + 1)
     return encode_page(key, payload[:size])
+
+
+def write_wrapped(
+    path: Path,
+    backend: str,
+    keys: Sequence[bytes],
+    records: Sequence[bytes],
+    max_bytes: int = 16 << 20,
+) -> list[bool]:
+    """Store ``records`` under the scoped ``keys`` as daemons before session 10 did: each
+    client record whole, as the payload of a page of the ``backend`` store at ``path``
+    (``put``: wrapped in a second header). The store must not be open elsewhere."""
+    config = StorageConfig(
+        backend=backend, path=str(path), max_bytes=max_bytes, max_page_bytes=1 << 20
+    )
+    store = OPENERS[backend](config)
+    try:
+        return store.put(keys, [memoryview(record) for record in records])
+    finally:
+        store.close()
 
 
 class Client:

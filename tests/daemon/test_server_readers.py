@@ -91,14 +91,18 @@ def reply_id(client: Client) -> int:
 
 def test_a_clients_later_requests_are_answered_before_a_slow_read(daemon, clients) -> None:
     client = clients()
-    slow, other = page_key(0), page_key(1)
+    slow, other, cached, fresh = (page_key(i) for i in range(4))
     records = [page_record(slow, 0, size=BIG), page_record(other, 1, size=BIG)]
     assert client.put([slow, other], records)
+    assert client.put([cached], [page_record(cached, 2)]) == (True,)  # the memory tier's
     daemon.gated.add(slow)
     send(client, Op.GET, 101, [slow])
     send(client, Op.PING, 102)
     send(client, Op.STATS, 103)
-    assert {reply_id(client), reply_id(client)} == {102, 103}  # the GET is still held
+    send(client, Op.GET, 104, [cached])  # a read of its own, behind the held one
+    put = Request(Op.PUT, 105, (fresh,), (page_record(fresh, 3),))
+    client.sock.send_multipart(encode_request(put))
+    assert {reply_id(client) for _ in range(4)} == {102, 103, 104, 105}  # the GET is held
     daemon.gate.set()
     assert reply_id(client) == 101
 

@@ -11,8 +11,8 @@ import pytest
 
 from hicache.config.cache import EventsConfig
 from tests.engine.helpers import chat, config, engine, push_to_storage, tokens
-from tests.hicache.kv_event_peers import SGLANG, VLLM, load
-from tests.hicache.kv_event_peers.subscriber import Receiver
+from tests.hicache.events.kv_event_peers import SGLANG, VLLM, load
+from tests.hicache.events.kv_event_peers.subscriber import Receiver
 
 PEERS = [("vllm", VLLM), ("sglang", SGLANG)]
 

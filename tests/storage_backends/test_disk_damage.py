@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+import storage_backends.disk.backend as disk_backend
 from storage_backends import StorageBackend, StorageConfig, create
 from storage_backends.disk.layout import INDEX_DIR
 from storage_backends.disk.scan import RecordPlace, locate
+from storage_backends.lmdb_check import CheckResult, check_store
 from storage_backends.page_format import HEADER_BYTES
 
 SIZE = 8192
@@ -164,3 +168,37 @@ def test_clean_close_skips_nothing_that_changed(tmp_path: Path) -> None:
         _writes_again(store)
     finally:
         store.close()
+
+
+# Opens the store and dies without closing it: a crash, as far as the store can tell.
+CRASH = """
+import os, sys
+from storage_backends import create
+from tests.storage_backends.test_disk_damage import _config
+create("disk", _config(sys.argv[1]))
+os._exit(0)
+"""
+
+
+def test_the_index_check_runs_after_a_crash_and_not_after_a_clean_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Open is bounded: the index's structural check is skipped after a clean close."""
+    checked: list[Path] = []
+
+    def spy(path: Path, timeout_s: float) -> CheckResult:
+        checked.append(path)
+        return check_store(path, timeout_s)
+
+    monkeypatch.setattr(disk_backend, "check_store", spy)
+    path = tmp_path / "store"
+    _filled(path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    subprocess.run([sys.executable, "-c", CRASH, str(path)], check=True, env=env, timeout=60)
+    before = len(checked)
+    for expected in (before + 1, before + 1):  # checked after the crash, then closed cleanly
+        store = create("disk", _config(path))
+        try:
+            assert len(checked) == expected and _read_all(store) == [True] * N
+        finally:
+            store.close()

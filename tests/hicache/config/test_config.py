@@ -6,7 +6,7 @@ import pytest
 
 from hicache.config.cache import CacheConfig, parse_override
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("name", ["default.toml", "device-only.toml"])

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hicache.events.formats import FORMATS, block_hash, create_format
 from hicache.events.kv import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from tests.hicache.kv_event_peers import SGLANG, VLLM, load
+from tests.hicache.events.kv_event_peers import SGLANG, VLLM, load
 
 KEYS = tuple(hashlib.sha256(bytes([i])).digest() for i in range(3))
 

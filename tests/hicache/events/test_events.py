@@ -16,9 +16,9 @@ from hicache.events.formats import block_hash
 from hicache.events.kv import ZmqEventPublisher
 from hicache.keys.hashing import page_keys
 from storage_backends import StorageConfig
+from tests.hicache.events.kv_event_peers import SGLANG, VLLM, PeerStructs, load
+from tests.hicache.events.kv_event_peers.subscriber import Receiver
 from tests.hicache.helpers import serve, two_tier
-from tests.hicache.kv_event_peers import SGLANG, VLLM, PeerStructs, load
-from tests.hicache.kv_event_peers.subscriber import Receiver
 
 # (format, the release whose Structs decode it, that release's namespace field)
 PEERS = [("vllm", VLLM, "lora_name"), ("sglang", SGLANG, "cache_salt")]

@@ -9,7 +9,7 @@ import zmq
 
 from hicache.cache import HiRadixCache
 from hicache.events.kv import ZmqEventPublisher
-from tests.hicache.kv_event_peers import PeerStructs
+from tests.hicache.events.kv_event_peers import PeerStructs
 
 
 class Receiver:

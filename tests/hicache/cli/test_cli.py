@@ -16,7 +16,7 @@ from hicache.config.flags import build_all
 from hicache.config.loader import keys_of
 from hicache.config.shipped import resolve_config, shipped_configs
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TINY_TREE = ["--conversations", "2", "--turns", "1"]
 
 

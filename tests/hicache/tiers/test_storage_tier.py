@@ -13,7 +13,7 @@ from hicache.tiers.results import MatchResult
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def seq(tag: int, n: int) -> list[int]:
