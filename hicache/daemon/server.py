@@ -63,6 +63,10 @@ logger = logging.getLogger(__name__)
 _POLL_MS = 100
 _RECV_BATCH = 256  # messages taken per wake-up before the writer's completions are sent
 _LINGER_MS = 2000  # time the socket keeps trying to deliver the last replies on close
+# A GET through a shared-memory lease is copied into the slab on the socket thread only up
+# to this many bytes (the remote backend asks for about 1 MiB at a time); a bigger one is
+# copied by a reader, record by record, so other clients' requests get turns in between.
+_SOCKET_COPY_BYTES = 4 << 20
 
 
 def server_version() -> str:
@@ -392,7 +396,7 @@ class DaemonServer:
         key not in memory, or no room in the slab)."""
         assert self._shm is not None
         records = self._store.cached(job.keys)
-        if records is None:
+        if records is None or sum(len(record) for record in records) > _SOCKET_COPY_BYTES:
             return None
         spans = self._shm.lend(job.request.lease, records)
         if spans is None:
