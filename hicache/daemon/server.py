@@ -35,7 +35,7 @@ from hicache.daemon.peers import PeerGuard, raise_fd_limit
 from hicache.daemon.readers import ReadDone, Readers, ReadJob
 from hicache.daemon.replies import ReplyBudget
 from hicache.daemon.reply_pool import ReplyPool
-from hicache.daemon.shm_plane import ShmPlane, slab_path
+from hicache.daemon.shm_plane import ShmPlane, remove_stale, slab_path
 from hicache.daemon.store import DaemonStore, Lookup, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
 from storage_backends.remote.protocol import (
@@ -163,6 +163,8 @@ class DaemonServer:
         self._router.bind(_bind_address(self._config.server.endpoint))
         endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         if server.shm_bytes > 0:
+            if remove_stale(endpoint):
+                logger.info("removed shared-memory slabs that daemons killed earlier left")
             self._shm = ShmPlane(slab_path(endpoint), server.shm_bytes, 3 * server.heartbeat_s)
             self._metrics.watch_shm(self._shm.stats)
         wake = f"inproc://hicache-daemon-wake-{id(self)}"

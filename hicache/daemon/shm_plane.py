@@ -1,7 +1,8 @@
 """ShmPlane: the daemon's shared-memory slab and the leases same-host clients hold on it.
 
-The slab is one file under /dev/shm (0600, the daemon's user; removed at start if a
-crashed daemon left it, and at close) that the daemon and its ``ipc://`` clients map.
+The slab is one file under /dev/shm (0600, the daemon's user, named by the endpoint and
+the daemon's pid; removed at close, and by the next daemon to start if a killed one left
+it) that the daemon and its ``ipc://`` clients map.
 A client attaches (SHM_ATTACH) and gets a lease: its own put area, into which it
 writes PUT records, and GET slots the daemon fills with the records it answers
 with, lent until the client frees them (SHM_FREE). A lease is reclaimed, with
@@ -38,11 +39,44 @@ _NO_AREA = Span(0, 0)
 
 
 def slab_path(endpoint: str) -> str:
-    """Where the daemon bound to ``endpoint`` keeps its slab (one name per endpoint, so a
-    restarted daemon finds, and removes, what a crashed one left)."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    """Where this daemon, bound to ``endpoint``, keeps its slab: named by the user, the
+    endpoint and the pid, so that ``remove_stale`` can tell what a dead daemon left."""
     digest = hashlib.sha256(endpoint.encode()).hexdigest()[:16]
-    return os.path.join(base, f"hicache-{os.getuid()}-{digest}")
+    return os.path.join(_slab_dir(), f"{_PREFIX}{os.getuid()}-{digest}-{os.getpid()}")
+
+
+def remove_stale(endpoint: str) -> int:
+    """Remove this user's slabs whose daemon is gone (killed before it could remove its
+    own), and any other slab of ``endpoint``; return how many."""
+    digest = hashlib.sha256(endpoint.encode()).hexdigest()[:16]
+    mine = f"{_PREFIX}{os.getuid()}-"
+    removed = 0
+    for name in os.listdir(_slab_dir()):
+        parts = name.removeprefix(mine).split("-")
+        if not name.startswith(mine) or len(parts) != 2 or not parts[1].isdigit():
+            continue
+        if parts[0] == digest or not _alive(int(parts[1])):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(_slab_dir(), name))
+                removed += 1
+    return removed
+
+
+_PREFIX = "hicache-slab-"
+
+
+def _slab_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 class Grant(NamedTuple):

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -86,8 +86,11 @@ def stats(daemon: Daemon, client: Client) -> Callable[[str], float]:
 
 
 @pytest.fixture
-def shm_daemon(start_daemon: StartDaemon, tmp_path: Path) -> Daemon:
-    return start_daemon(shm_toml(tmp_path))
+def shm_daemon(start_daemon: StartDaemon, tmp_path: Path) -> Iterator[Daemon]:
+    daemon = start_daemon(shm_toml(tmp_path))
+    yield daemon
+    if daemon.alive():
+        assert daemon.terminate() == 0  # SIGTERM: the slab is removed with it
 
 
 def test_pages_go_through_the_slab_bit_exact(shm_daemon: Daemon, connect) -> None:
@@ -224,6 +227,7 @@ def test_a_client_silent_past_the_window_or_a_restarted_daemon_is_no_harm(
         assert daemon.stat(connect(daemon.endpoint), LEASES) == 1
     finally:
         backend.close()
+        daemon.terminate()  # SIGTERM: the slab is removed with it
 
 
 def test_shared_memory_is_off_by_default_and_ipc_only(tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +21,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from hicache.daemon import shm_plane
 from hicache.daemon.shm_extents import GRAIN, Extents
-from hicache.daemon.shm_plane import ShmPlane
+from hicache.daemon.shm_plane import ShmPlane, remove_stale, slab_path
 from storage_backends.page_format import HEADER_BYTES, encode_page
 from storage_backends.remote.protocol import ErrorCode, ProtocolError, ShmAttachReply, Span
 from storage_backends.remote.shm_lease import ClientLease
@@ -101,6 +104,29 @@ def test_the_slab_is_a_private_file_replacing_a_stale_one(tmp_path: Path, clock:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.stat().st_size == SIZE
     plane.close()
     assert not path.exists()
+
+
+def test_slabs_that_killed_daemons_left_are_removed_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shm_plane, "_slab_dir", lambda: str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    endpoint, uid = "ipc:///x.sock", os.getuid()
+    digest = Path(slab_path(endpoint)).name.split("-")[3]  # hicache-slab-UID-DIGEST-PID
+    removed = [
+        f"hicache-slab-{uid}-{digest}-{os.getppid()}",  # this endpoint's: replaced
+        f"hicache-slab-{uid}-{'0' * 16}-{gone.pid}",  # a killed daemon's
+    ]
+    kept = [
+        f"hicache-slab-{uid}-{'0' * 16}-{os.getpid()}",  # a live daemon's
+        f"hicache-slab-{uid + 1}-{'0' * 16}-{gone.pid}",  # another user's
+        "notes.txt",
+    ]
+    for name in removed + kept:
+        (tmp_path / name).write_bytes(b"")
+    assert remove_stale(endpoint) == 2
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(kept)
 
 
 def test_a_silent_lease_is_reclaimed_with_everything_lent_to_it(plane: ShmPlane, clock) -> None:
