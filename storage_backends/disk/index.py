@@ -351,8 +351,7 @@ class DiskIndex:
         ``read_plan``, and leaves young pages' recency alone)."""
         try:
             with self._env.begin(db=self.dbs.pages) as txn:
-                get = txn.get
-                values = [get(key) for key in keys]
+                values = list(map(txn.get, keys))
                 cursor = txn.cursor(db=self.dbs.lru)
                 newest = from_u64(cursor.key()) if cursor.last() else 0
                 return Located(values, newest, txn.stat(self.dbs.pages)["entries"])

@@ -10,16 +10,18 @@ record) is a miss, and the key is dropped once a second read confirms the damage
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 
 import lmdb
 
 from storage_backends.batch import byte_view, check_batch, check_keys
+from storage_backends.disk.dest import Dest
 from storage_backends.disk.index import IndexWriter
 from storage_backends.disk.layout import Location
 from storage_backends.disk.parts import DiskParts
-from storage_backends.disk.read_plan import GAP_MAX, IOV_MAX, ReadRun, plan_reads
-from storage_backends.disk.records import check_read, check_run
+from storage_backends.disk.read_plan import GAP_MAX, IOV_MAX, ReadPlan, ReadRun, plan_reads
+from storage_backends.disk.records import check_read, check_run, checksums, digest
 from storage_backends.page_format import HEADER_BYTES, Verdict
 from storage_backends.recency import FLUSH_AT
 
@@ -61,7 +63,7 @@ class DiskReads:
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         views = check_batch(keys, dst, writable=True)
-        return self._read(keys, [[view] for view in views], [len(view) for view in views], 1)
+        return self._read(keys, Dest.flat(views), list(map(len, views)))
 
     def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
         """Read each key's payload into the runs ``dst[i]``, in order (their lengths must
@@ -70,67 +72,81 @@ class DiskReads:
             raise ValueError(f"got {len(keys)} keys but {len(dst)} destinations")
         check_keys(keys)
         runs = [[byte_view(run, writable=True) for run in runs] for runs in dst]
-        lengths = [sum(map(len, page)) for page in runs]
-        return self._read(keys, runs, lengths, max(map(len, runs), default=1))
+        return self._read(keys, Dest.scatter(runs), [sum(map(len, page)) for page in runs])
 
-    def _read(
-        self, keys: Sequence[bytes], dst: list[list[memoryview]], lengths: list[int], width: int
-    ) -> list[bool]:
-        """The batch's hits; ``width``: the most buffers a page's destination has."""
+    def _read(self, keys: Sequence[bytes], dest: Dest, lengths: list[int]) -> list[bool]:
+        """The batch's hits."""
+        if not keys:
+            return []
         ctx = self._ctx
         located = ctx.index.raw_locations(keys)
-        raws = located.values
         threads, total = ctx.pool.threads, sum(lengths)
         parts = 1 if threads == 1 else max(1, min(threads, total // SPLIT_BYTES))
         per_run = RUN_BYTES * len(keys) // total if total else len(keys)  # by mean page size
-        max_run = min(IOV_MAX // (width + 2), -(-len(keys) // parts), per_run)
+        max_run = min(IOV_MAX // (dest.width + 2), -(-len(keys) // parts), per_run)
         young_from = located.newest_stamp + 1 - located.entries // YOUNG_SHARE
-        plan = plan_reads(raws, lengths, max(1, max_run), young_from)
-        outcomes = ctx.pool.map(lambda run: self._read_run(run, keys, dst), plan.runs, parts)
-        hits = [False] * len(keys)
-        damaged: list[tuple[bytes, Location | None]] = [(keys[p], None) for p in plan.damaged]
-        for run, intact in zip(plan.runs, outcomes, strict=True):
-            for pos, ok in zip(run.positions, intact, strict=True):
-                hits[pos] = ok
-                if not ok:
-                    damaged.append((keys[pos], Location.unpack(raws[pos] or b"")))
+        plan = plan_reads(located.values, lengths, max(1, max_run), young_from)
+        outcomes = ctx.pool.map(lambda run: self._read_run(run, keys, dest), plan.runs, parts)
+        hits, damaged = self._tally(keys, located.values, plan, outcomes)
         corrupt = self._drop_damaged(damaged) if damaged else 0
-        n_hits = sum(hits)
+        n_hits = hits.count(True)
         ctx.counters.record_get(n_hits, len(keys) - n_hits, corrupt)
         if plan.aging:
             self._touch([keys[pos] for pos in plan.aging if hits[pos]])
         return hits
 
-    def _read_run(
-        self, run: ReadRun, keys: Sequence[bytes], dst: list[list[memoryview]]
-    ) -> list[bool]:
+    @staticmethod
+    def _tally(
+        keys: Sequence[bytes], raws: list[bytes | None], plan: ReadPlan, outcomes: list[list[bool]]
+    ) -> tuple[list[bool], list[tuple[bytes, Location | None]]]:
+        """Each position's hit, and the pages found damaged (with where they were read)."""
+        hits = [False] * len(keys)
+        damaged: list[tuple[bytes, Location | None]] = [(keys[p], None) for p in plan.damaged]
+        for run, intact in zip(plan.runs, outcomes, strict=True):
+            if run.uniform:
+                hits[run.positions[0] : run.positions[-1] + 1] = intact
+            else:
+                for pos, ok in zip(run.positions, intact, strict=True):
+                    hits[pos] = ok
+            if False in intact:
+                for pos, ok in zip(run.positions, intact, strict=True):
+                    if not ok:
+                        damaged.append((keys[pos], Location.unpack(raws[pos] or b"")))
+        return hits, damaged
+
+    def _read_run(self, run: ReadRun, keys: Sequence[bytes], dest: Dest) -> list[bool]:
         """Read a run's records with one ``preadv``; whether each is intact."""
-        headers = bytearray(HEADER_BYTES * len(run.positions))
-        heads = memoryview(headers)
-        iov: list[memoryview] = []
-        for k, pos in enumerate(run.positions):
-            iov.append(heads[k * HEADER_BYTES : (k + 1) * HEADER_BYTES])
-            iov += dst[pos]
-            if k < len(run.gaps) and run.gaps[k]:
-                iov.append(_GAP[: run.gaps[k]])
-        want = len(headers) + sum(run.payload_lens) + sum(run.gaps)
+        m = len(run.positions)
+        headers, heads = _scratch(m)
+        columns: list[list[memoryview]] | None = None
+        pages: list[list[memoryview]] = []
+        if run.uniform and dest.columns:  # laid out by slicing
+            start = run.positions[0]
+            columns = dest.span(start, start + m)
+            iov = _interleave(heads[:m], columns, run.gaps[0] if run.gaps else 0)
+            run_keys = keys[start : start + m]
+        else:
+            every = dest.pages()
+            pages = [every[pos] for pos in run.positions]
+            iov = _chain(heads, pages, run.gaps)
+            run_keys = [keys[pos] for pos in run.positions]
+        want = HEADER_BYTES * m + sum(run.payload_lens) + sum(run.gaps)
         try:
             got = self._ctx.segments.read(run.segment, run.offset, iov)
         except OSError as exc:
             self._ctx.log.failure("disk store read failed; reported as a damaged page", exc)
-            return [False] * len(run.positions)
+            return [False] * m
         if got != want:  # the file ends inside the run: each record on its own
-            return self._read_each(run, keys, dst)
-        return check_run(headers, keys, run.positions, run.payload_lens, dst)
+            return self._read_each(run, keys, dest)
+        sums = checksums(columns) if columns is not None else list(map(digest, pages))
+        return check_run(headers, run_keys, run.payload_lens, sums)
 
-    def _read_each(
-        self, run: ReadRun, keys: Sequence[bytes], dst: list[list[memoryview]]
-    ) -> list[bool]:
+    def _read_each(self, run: ReadRun, keys: Sequence[bytes], dest: Dest) -> list[bool]:
         """A run's records read and checked one by one."""
         out: list[bool] = []
-        offset = run.offset
+        offset, pages = run.offset, dest.pages()
         for k, pos in enumerate(run.positions):
-            verdict = self._read_one(keys[pos], run.segment, offset, dst[pos])
+            verdict = self._read_one(keys[pos], run.segment, offset, pages[pos])
             out.append(verdict is Verdict.OK)
             offset += HEADER_BYTES + run.payload_lens[k] + (run.gaps[k] if k < len(run.gaps) else 0)
         return out
@@ -184,3 +200,50 @@ class DiskReads:
                 logger.exception("dropped recency updates")
             finally:
                 ctx.write_lock.release()
+
+
+_local = threading.local()  # each thread's header buffers (a run's headers are read there)
+
+
+def _scratch(members: int) -> tuple[bytearray, list[memoryview]]:
+    """This thread's header buffer and views of its ``HEADER_BYTES`` parts, at least
+    ``members`` of them (kept: a run's header views cost a slice each to make)."""
+    kept: tuple[bytearray, list[memoryview]] | None = getattr(_local, "headers", None)
+    if kept is not None and len(kept[1]) >= members:
+        return kept
+    count = max(members, 64)
+    headers = bytearray(HEADER_BYTES * count)
+    whole = memoryview(headers)
+    heads = [whole[k * HEADER_BYTES : (k + 1) * HEADER_BYTES] for k in range(count)]
+    _local.headers = (headers, heads)
+    return headers, heads
+
+
+def _interleave(
+    heads: list[memoryview], columns: list[list[memoryview]], gap: int
+) -> list[memoryview]:
+    """The iovec of a uniform run: per member its header, its runs (``columns[j][k]``)
+    and, but after the last, ``gap`` bytes of skipped file; built by slice assignment."""
+    members = len(heads)
+    step = len(columns) + 1 + (1 if gap else 0)
+    iov = [_GAP] * (step * members)
+    iov[0::step] = heads
+    for j, column in enumerate(columns, 1):
+        iov[j::step] = column
+    if gap:
+        iov[step - 1 :: step] = [_GAP[:gap]] * members
+        iov.pop()
+    return iov
+
+
+def _chain(
+    heads: list[memoryview], pages: list[list[memoryview]], gaps: list[int]
+) -> list[memoryview]:
+    """The iovec of any run: member k's header, its runs, then ``gaps[k]`` skipped bytes."""
+    iov: list[memoryview] = []
+    for k, runs in enumerate(pages):
+        iov.append(heads[k])
+        iov += runs
+        if k < len(gaps) and gaps[k]:
+            iov.append(_GAP[: gaps[k]])
+    return iov

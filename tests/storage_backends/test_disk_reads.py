@@ -9,13 +9,14 @@ import os
 from pathlib import Path
 
 import pytest
+import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
 from storage_backends import StorageConfig, create
 from storage_backends.disk.layout import LOCATION_STRUCT
-from storage_backends.disk.read_plan import GAP_MAX, plan_reads
-from storage_backends.disk.records import check_run
+from storage_backends.disk.read_plan import GAP_MAX, plan_reads, plan_scattered, plan_uniform
+from storage_backends.disk.records import check_run, checksums
 from storage_backends.disk.scan import locate
 from storage_backends.page_format import HEADER_BYTES, build_header
 
@@ -92,18 +93,68 @@ def test_a_plan_reads_each_wanted_record_once_from_where_it_lies(
             offset += HEADER_BYTES + run.payload_lens[k] + (run.gaps[k] if k < len(run.gaps) else 0)
 
 
+_BREAKS = st.sampled_from(["none", "absent", "damaged", "segment", "length", "swap", "hole"])
+
+
+@given(
+    st.integers(1, 20),
+    st.sampled_from([(160, 100), (4096, 3000), (192, 100)]),
+    st.integers(1, 6),
+    st.lists(st.tuples(_BREAKS, st.integers(0, 19)), max_size=2),
+    st.integers(0, 30),
+)
+def test_the_uniform_plan_is_the_scattered_plan_where_it_applies(
+    n: int, shape: tuple[int, int], max_run: int, breaks: list[tuple[str, int]], young: int
+) -> None:
+    stride, length = shape
+    slots = [[0, 4096 + k * stride, stride, length] for k in range(n)]
+    for kind, at in breaks:  # each break makes the batch no longer uniform
+        at %= n
+        if kind == "segment":
+            slots[at][0] = 1
+        elif kind == "length":
+            slots[at][3] = length - 1
+        elif kind == "swap" and n > 1:
+            slots[at], slots[(at + 1) % n] = slots[(at + 1) % n], slots[at]
+        elif kind == "hole":
+            slots[at][1] += stride * n
+    raws = [
+        LOCATION_STRUCT.pack(seg, off, st_, 64, ln, 10 + k)
+        for k, (seg, off, st_, ln) in enumerate(slots)
+    ]
+    for kind, at in breaks:
+        if kind == "absent":
+            raws[at % n] = None
+        elif kind == "damaged":
+            raws[at % n] = b"short"
+    lengths = [length] * n
+    uniform = plan_uniform(raws, lengths, max_run, young)
+    scattered = plan_scattered(raws, lengths, max_run, young)
+    if all(kind == "none" or (kind == "swap" and n == 1) for kind, _ in breaks):
+        assert uniform is not None
+    if uniform is not None:
+        assert all(run.uniform for run in uniform.runs)
+        assert [run._replace(uniform=False) for run in uniform.runs] == scattered.runs
+        assert (uniform.damaged, uniform.aging) == (scattered.damaged, scattered.aging)
+    assert plan_reads(raws, lengths, max_run, young) == (uniform or scattered)
+
+
 def test_check_run_refuses_a_wrong_key_length_or_checksum() -> None:
     payloads = [_payload(i, 64) for i in range(4)]
     headers = bytearray(b"".join(build_header(_key(i), p) for i, p in enumerate(payloads)))
-    dst = [[memoryview(bytearray(p))] for p in payloads]
-    assert (
-        check_run(headers, [_key(i) for i in range(4)], [0, 1, 2, 3], [64] * 4, dst) == [True] * 4
-    )
-    dst[1][0][63] ^= 1  # the payload's last byte
+    dst = [memoryview(bytearray(p)) for p in payloads]
     keys = [_key(i) for i in range(4)]
+    assert check_run(headers, keys, [64] * 4, checksums([dst])) == [True] * 4
+    dst[1][63] ^= 1  # the payload's last byte
     keys[2] = _key(9)
     lens = [64, 64, 64, 63]
-    assert check_run(headers, keys, [0, 1, 2, 3], lens, dst) == [True, False, False, False]
+    assert check_run(headers, keys, lens, checksums([dst])) == [True, False, False, False]
+
+
+def test_checksums_of_pages_in_several_runs_are_those_of_their_bytes() -> None:
+    payloads = [_payload(i, 100) for i in range(3)]
+    columns = [[memoryview(p[:30]) for p in payloads], [memoryview(p[30:]) for p in payloads]]
+    assert checksums(columns) == [xxhash.xxh3_64_intdigest(p) for p in payloads]
 
 
 def _store(path: Path, threads: int = 1):
