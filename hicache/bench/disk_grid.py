@@ -2,13 +2,14 @@
 
 A grid of cells (page size × pages per call × I/O threads). In each cell every
 side of ``disk_sides`` stores the same pages into a fresh directory, batch by
-batch, the sides alternating batch by batch so that noise from elsewhere hits
-all alike; then the files are dropped from the page cache (where the machine
-allows: ``page_cache``, which says whether it took effect) and read back once
-(cold), then once more (warm). The whole round runs ``--repeat`` times in
-fresh directories, and each (side, op) keeps its best round: the machines we
-run on are shared and their load comes in bursts. Every read is checked
-against the written bytes outside the timing. Ratios are of the disk backend
+batch, the sides alternating batch by batch (each batch starting with the next
+side; each read goes into buffers blanked just before it) so that noise from
+elsewhere and the caches' warmth hit all alike; then the files are dropped from
+the page cache (where the machine allows: ``page_cache``, which says whether it
+took effect) and read back once (cold), then once more (warm). The whole round
+runs ``--repeat`` times in fresh directories, and each (side, op) keeps its best
+round: the machines we run on are shared and their load comes in bursts. Every
+read is checked against the written bytes outside the timing. Ratios are of the disk backend
 over each baseline in the same cell.
 """
 
