@@ -18,11 +18,17 @@ import lmdb
 from storage_backends.batch import byte_view, check_batch, check_keys
 from storage_backends.disk.dest import Dest
 from storage_backends.disk.index import IndexWriter
-from storage_backends.disk.layout import Location
+from storage_backends.disk.layout import LOCATION_STRUCT, Location
 from storage_backends.disk.parts import DiskParts
 from storage_backends.disk.read_plan import GAP_MAX, IOV_MAX, ReadPlan, ReadRun, plan_reads
 from storage_backends.disk.records import check_read, check_run, checksums, digest
-from storage_backends.page_format import HEADER_BYTES, Verdict
+from storage_backends.page_format import (
+    FORMAT_VERSION,
+    HEADER_BYTES,
+    HEADER_STRUCT,
+    MAGIC,
+    Verdict,
+)
 from storage_backends.recency import FLUSH_AT
 
 logger = logging.getLogger(__name__)
@@ -76,8 +82,8 @@ class DiskReads:
 
     def _read(self, keys: Sequence[bytes], dest: Dest, lengths: list[int]) -> list[bool]:
         """The batch's hits."""
-        if not keys:
-            return []
+        if len(keys) < 2:
+            return [self._read_page(keys[0], dest.pages()[0], lengths[0])] if keys else []
         ctx = self._ctx
         located = ctx.index.raw_locations(keys)
         threads, total = ctx.pool.threads, sum(lengths)
@@ -94,6 +100,39 @@ class DiskReads:
         if plan.aging:
             self._touch([keys[pos] for pos in plan.aging if hits[pos]])
         return hits
+
+    def _read_page(self, key: bytes, runs: list[memoryview], length: int) -> bool:
+        """``_read`` of a batch of one page, with the same outcomes (hit, miss, damage,
+        touch) in fewer steps: no plan, no run, no pool (they were about a third of a
+        one-page get's CPU)."""
+        ctx = self._ctx
+        located = ctx.index.raw_locations((key,))
+        raw, ok, corrupt = located.values[0], False, 0
+        if raw is not None and len(raw) != LOCATION_STRUCT.size:
+            corrupt = self._drop_damaged([(key, None)])
+        elif raw is not None:
+            segment, offset, _stride, _align, payload_len, stamp = LOCATION_STRUCT.unpack(raw)
+            if payload_len == length:
+                ok = self._read_record(key, segment, offset, runs)
+                if not ok:
+                    corrupt = self._drop_damaged([(key, Location.unpack(raw))])
+                elif stamp < located.newest_stamp + 1 - located.entries // YOUNG_SHARE:
+                    self._touch([key])
+        ctx.counters.record_get(int(ok), int(not ok), corrupt)
+        return ok
+
+    def _read_record(self, key: bytes, segment: int, offset: int, runs: list[memoryview]) -> bool:
+        """Whether the record at ``offset`` was read whole into ``runs`` and is intact."""
+        header = bytearray(HEADER_BYTES)
+        try:
+            got = self._ctx.segments.read(segment, offset, [header, *runs])
+        except OSError as exc:
+            self._ctx.log.failure("disk store read failed; reported as a damaged page", exc)
+            return False
+        length = got - HEADER_BYTES
+        if length != sum(map(len, runs)):
+            return False  # the file ends inside the record
+        return header == HEADER_STRUCT.pack(MAGIC, FORMAT_VERSION, 0, key, length, digest(runs))
 
     @staticmethod
     def _tally(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,54 @@ def test_batches_split_across_threads_read_every_page_into_its_own_buffer(
         ]
     finally:
         store.close()
+
+
+def _injure(root: Path, keys: list[bytes], how: str) -> None:
+    """Damage the closed store at ``root``: a payload byte of page 1 and a key byte of
+    page 3 flipped, or the segment cut inside page 4."""
+    if how == "truncate":
+        place = locate(root, keys[4])
+        assert place is not None
+        os.truncate(place.segment, place.offset + place.length - 1)
+        return
+    for i, at in ((1, HEADER_BYTES + 5), (3, 8)):
+        place = locate(root, keys[i])
+        assert place is not None
+        with open(place.segment, "r+b") as f:
+            f.seek(place.offset + at)
+            byte = f.read(1)[0]
+            f.seek(place.offset + at)
+            f.write(bytes([byte ^ 0xFF]))
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+@pytest.mark.parametrize("size", [8192, 300 << 10])
+def test_one_page_gets_have_the_outcomes_of_one_batch(tmp_path: Path, how: str, size: int) -> None:
+    """Pages read one per call (their own shorter path) and in one batch: the same hits,
+    bytes, damage counts and dropped keys, on a store with damaged, absent and
+    other-length pages."""
+    n = 6
+    keys = [_key(i) for i in range(n)]
+    store = _store(tmp_path / "s")
+    assert all(store.put(keys[:5], [memoryview(_payload(i, size)) for i in range(5)]))
+    store.close()  # page 5 is absent; page 2 is asked for with another length below
+    _injure(tmp_path / "s", keys, how)
+    lengths = [size, size, size - 1, size, size, size]
+    outcomes = []
+    for name, one_by_one in (("batch", False), ("single", True)):
+        shutil.copytree(tmp_path / "s", tmp_path / name)
+        copy = _store(tmp_path / name)
+        try:
+            dst = [memoryview(bytearray(length)) for length in lengths]
+            if one_by_one:
+                hits = [copy.get([key], [view])[0] for key, view in zip(keys, dst, strict=True)]
+            else:
+                hits = copy.get(keys, dst)
+            got = [bytes(view) if hit else None for view, hit in zip(dst, hits, strict=True)]
+            outcomes.append((hits, got, copy.stats().corrupt, copy.contains(keys)))
+        finally:
+            copy.close()
+    assert outcomes[0] == outcomes[1]
+    damaged = (1, 3) if how == "flip" else (4,)
+    assert outcomes[0][0] == [i not in (*damaged, 2, 5) for i in range(n)]
+    assert outcomes[0][2] == len(damaged)
