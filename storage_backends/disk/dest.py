@@ -44,6 +44,12 @@ class Dest:
             pages = self._pages = [list(page) for page in zip(*self.columns, strict=True)]
         return pages
 
+    def page(self, pos: int) -> list[memoryview]:
+        """Page ``pos``'s runs."""
+        if self._pages is not None:
+            return self._pages[pos]
+        return [column[pos] for column in self.columns]
+
     def span(self, start: int, stop: int) -> list[list[memoryview]]:
         """The columns of pages ``start`` to ``stop`` (only when ``columns`` is not empty)."""
         return [column[start:stop] for column in self.columns]

@@ -156,6 +156,9 @@ class DiskReads:
     def _read_run(self, run: ReadRun, keys: Sequence[bytes], dest: Dest) -> list[bool]:
         """Read a run's records with one ``preadv``; whether each is intact."""
         m = len(run.positions)
+        if m == 1:  # large pages: a run each
+            pos = run.positions[0]
+            return [self._read_record(keys[pos], run.segment, run.offset, dest.page(pos))]
         headers, heads = _scratch(m)
         columns: list[list[memoryview]] | None = None
         pages: list[list[memoryview]] = []

@@ -165,7 +165,7 @@ def _store(path: Path, threads: int = 1):
     return create("disk", config)
 
 
-@pytest.mark.parametrize("size", [8192, 300 << 10])  # packed slots, 4 KiB-aligned slots
+@pytest.mark.parametrize("size", [8192, 300 << 10, 1536 << 10])  # packed, aligned, a run each
 def test_a_run_cut_by_the_end_of_its_file_serves_the_records_before_the_cut(
     tmp_path: Path, size: int
 ) -> None:
