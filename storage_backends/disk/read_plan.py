@@ -15,6 +15,7 @@ page (``plan_scattered``). Both give the same plan where both apply.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from collections.abc import Sequence
@@ -70,16 +71,18 @@ def plan_uniform(
 ) -> ReadPlan | None:
     """``plan_reads`` of a batch whose pages are all stored, with the length asked, in
     consecutive slots of one segment and one class, in the order asked; None for any
-    other batch. Whole-batch comparisons only (no Python step per page but the unpack)."""
+    other batch. Whole-batch comparisons only, no Python step per page."""
     n = len(raws)
     if n < 2 or max_run < 1:
         return _plan_one(raws, lengths, young_from) if n == 1 else None
-    unpack = LOCATION_STRUCT.unpack
     try:
-        fields = [unpack(raw) for raw in raws]  # type: ignore[arg-type]
-    except (TypeError, struct.error):  # an absent key (None) or a damaged value
+        sizes = set(map(len, raws))  # type: ignore[arg-type]
+    except TypeError:  # an absent key (None)
         return None
-    segments, offsets, strides, _aligns, payload_lens, stamps = zip(*fields, strict=True)
+    if sizes != {LOCATION_STRUCT.size}:  # a damaged value
+        return None
+    fields = _batch_struct(n).unpack(b"".join(raws))  # type: ignore[arg-type]
+    segments, offsets, strides, payload_lens, stamps = (fields[k::6] for k in (0, 1, 2, 4, 5))
     segment, first, stride, payload_len = segments[0], offsets[0], strides[0], payload_lens[0]
     gap = stride - HEADER_BYTES - payload_len
     if not (
@@ -99,6 +102,12 @@ def plan_uniform(
         offset = first + start * stride
         runs.append(ReadRun(segment, offset, positions, [payload_len] * m, [gap] * (m - 1), True))
     return ReadPlan(runs, [], aging)
+
+
+@functools.lru_cache(maxsize=256)
+def _batch_struct(pages: int) -> struct.Struct:
+    """The packing of ``pages`` locations back to back."""
+    return struct.Struct("<" + LOCATION_STRUCT.format.lstrip("<") * pages)
 
 
 def _plan_one(
