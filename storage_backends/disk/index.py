@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -71,11 +72,25 @@ def map_size(config: StorageConfig) -> int:
 
 class Located(NamedTuple):
     """A batch's raw index values (None: absent), with the newest recency stamp and the
-    number of pages when they were read."""
+    number of pages (read after this process's last index write, at most
+    ``RECENCY_HINT_S`` before: another process's writes may not be counted yet)."""
 
     values: list[bytes | None]
     newest_stamp: int
     entries: int
+
+
+class _Recency(NamedTuple):
+    newest_stamp: int
+    entries: int
+    read_at: float  # time.monotonic()
+
+
+# How long the newest stamp and page count read for one get serve the next ones: a get
+# reads them from the index only when this process wrote since or they are older than
+# this (reading them costs more than a 64 KiB page's checksum; they only decide whether
+# a hit queues a recency touch, so another process's writes may be missed this long).
+RECENCY_HINT_S = 0.1
 
 
 class Reserved(NamedTuple):
@@ -278,6 +293,7 @@ class DiskIndex:
         self.path = path
         self._config = config
         self.damaged = False  # a transaction met structural damage: never marked clean
+        self._recency: _Recency | None = None  # see RECENCY_HINT_S; None: read it anew
         try:
             path.mkdir(exist_ok=True)
         except OSError as exc:
@@ -338,6 +354,8 @@ class DiskIndex:
         except lmdb.Error as exc:
             self._note_damage(exc)
             raise
+        finally:
+            self._recency = None  # stamps and entries may have changed
 
     def _note_damage(self, exc: lmdb.Error) -> None:
         """StoreDamagedError for structural damage (remembered); else nothing."""
@@ -346,19 +364,24 @@ class DiskIndex:
             raise_if_damage(exc, f"{_WHAT} {self.path}")
 
     def raw_locations(self, keys: Sequence[bytes]) -> Located:
-        """Each key's index value as stored (None: absent), the newest recency stamp and
-        the page count, in one read transaction (the get path unpacks the values itself,
-        ``read_plan``, and leaves young pages' recency alone)."""
+        """Each key's index value as stored (None: absent), in one read transaction, with
+        the newest recency stamp and the page count (``Located``; the get path unpacks
+        the values itself, ``read_plan``, and leaves young pages' recency alone)."""
         try:
             with self._env.begin(db=self.dbs.pages) as txn:
-                get = txn.get
-                values = [get(key) for key in keys]
-                cursor = txn.cursor(db=self.dbs.lru)
-                newest = from_u64(cursor.key()) if cursor.last() else 0
-                return Located(values, newest, txn.stat(self.dbs.pages)["entries"])
+                values = list(map(txn.get, keys))
+                recency = self._recency
+                if recency is None or time.monotonic() - recency.read_at > RECENCY_HINT_S:
+                    recency = self._recency = self._read_recency(txn)
+                return Located(values, recency.newest_stamp, recency.entries)
         except lmdb.Error as exc:
             self._note_damage(exc)
             raise
+
+    def _read_recency(self, txn: lmdb.Transaction) -> _Recency:
+        cursor = txn.cursor(db=self.dbs.lru)
+        newest = from_u64(cursor.key()) if cursor.last() else 0
+        return _Recency(newest, txn.stat(self.dbs.pages)["entries"], time.monotonic())
 
     def count_leading(self, keys: Sequence[bytes]) -> int:
         """How many leading keys the index holds (one read transaction)."""
