@@ -26,8 +26,9 @@ from typing import NamedTuple
 import lmdb
 
 from storage_backends.disk.index import IndexWriter
-from storage_backends.disk.layout import SlotClass, SlotRun, slot_class
+from storage_backends.disk.layout import Slot, SlotClass, SlotRun, slot_class
 from storage_backends.disk.parts import DiskParts
+from storage_backends.disk.room import record_key
 from storage_backends.disk.runs import gap, spans
 from storage_backends.page_format import HEADER_BYTES, build_header
 
@@ -175,12 +176,15 @@ class DiskWrites:
         placed: list[_Span] = []
         for group in _groups(pages, self._ctx.config.direct_io):
             records = HEADER_BYTES * len(group.pages) + sum(len(p.view) for p in group.pages)
-            runs = writer.reserve(group.cls, len(group.pages), records)
+            runs = writer.reserve(group.cls, len(group.pages), records, self._record_key)
             stride, threads = group.cls.stride, self._ctx.config.io_threads
             for span in spans(runs, stride, 3, threads):  # header, payload, gap a record
                 chosen = group.pages[span.first : span.first + span.n_records]
                 placed.append(_Span(span.segment, span.offset, group.cls, chosen))
         return placed
+
+    def _record_key(self, slot: Slot) -> bytes | None:
+        return record_key(self._ctx.segments, slot)
 
     def _write(self, placed: list[_Span]) -> list[bool]:
         """The spans' records, one ``pwritev`` a span, on the I/O pool (data fsynced at
