@@ -238,6 +238,15 @@ class IndexWriter:
         self.reserved += record_bytes * taken // count
         return runs
 
+    def unreserve(self, taken: Sequence[tuple[SlotClass, list[SlotRun]]]) -> None:
+        """Give back every slot ``reserve`` handed out in this transaction (``taken``: all
+        of them, per class)."""
+        for cls, runs in taken:
+            for run in runs:
+                for slot in run.slots(cls.stride):
+                    self.alloc.release(slot, cls)
+        self.reserved = 0
+
     def insert_run(
         self, run: SlotRun, cls: SlotClass, keys: Sequence[bytes], lengths: Sequence[int]
     ) -> list[bool]:
