@@ -52,28 +52,34 @@ def _file_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.glob(f"{SEGMENT_PREFIX}*"))
 
 
-def _fill(store: StorageBackend, pages: int, scatter: random.Random | None) -> None:
-    """``pages`` old pages; with ``scatter``, half of them deleted at random and the
-    holes refilled, so that age no longer follows place."""
-    _put(store, "old", list(range(pages)), OLD)
-    if scatter is not None:
-        gone = scatter.sample(range(pages), pages // 2)
+def _reorder(store: StorageBackend, pages: int, size: int, how: str, seed: int) -> None:
+    """Make age differ from place among ``pages`` old pages of ``size`` put in order:
+    "scattered": half of them deleted at random and the holes refilled; "alternate":
+    every other page read, so that the least recently used ones never lie together."""
+    if how == "scattered":
+        gone = random.Random(seed).sample(range(pages), pages // 2)
         assert store.delete([_key("old", i) for i in gone]) == len(gone)
-        _put(store, "old", list(range(pages, pages + len(gone))), OLD)
+        _put(store, "old", list(range(pages, pages + len(gone))), size)
+    elif how == "alternate":
+        read = list(range(0, pages, 2))
+        dst = [memoryview(bytearray(size)) for _ in read]
+        assert all(store.get([_key("old", i) for i in read], dst))
     store.take_removed()
 
 
+HOW = ["in order", "scattered", "alternate"]
+
+
 @pytest.mark.parametrize("pages", [40, 400])
-@pytest.mark.parametrize("scattered", [False, True])
-def test_a_new_page_size_evicts_about_what_it_needs(
-    tmp_path: Path, pages: int, scattered: bool
-) -> None:
+@pytest.mark.parametrize("how", HOW)
+def test_a_new_page_size_evicts_about_what_it_needs(tmp_path: Path, pages: int, how: str) -> None:
     """The audit's case: 4 pages of a new size into a store full of another evicted all
     40 (and 400 of 400) pages."""
     max_bytes = pages * _record(OLD)
     store = create("disk", _config(tmp_path / "s", max_bytes))
     try:
-        _fill(store, pages, random.Random(pages) if scattered else None)
+        _put(store, "old", list(range(pages)), OLD)
+        _reorder(store, pages, OLD, how, seed=pages)
         _put(store, "new", list(range(4)), NEW)
         evicted = len(store.take_removed())
         # By bytes alone 5 old pages make room for 4 new ones; room for each new slot
@@ -97,7 +103,7 @@ SIZES = (3000, 5000, 16384, 20000, 60000, 204800)  # the last: 4 KiB-aligned slo
     seed=st.integers(0, 2**16),
     sizes=st.lists(st.sampled_from(SIZES), min_size=2, max_size=2, unique=True),
     count=st.integers(1, 6),
-    scattered=st.booleans(),
+    how=st.sampled_from(HOW),
 )
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_room_for_a_new_size_is_bounded(
@@ -105,7 +111,7 @@ def test_room_for_a_new_size_is_bounded(
     seed: int,
     sizes: list[int],
     count: int,
-    scattered: bool,
+    how: str,
 ) -> None:
     """Whatever the two sizes and the order pages came and went in, a put of ``count``
     pages of the new size evicts at most: what its bytes need beyond the free bytes
@@ -113,17 +119,13 @@ def test_room_for_a_new_size_is_bounded(
     alignment and one old slot."""
     old, new = sizes
     pages = max(24, 12 * _record(new) // _record(old))
-    max_bytes = pages * _record(old)
+    max_bytes = pages * _stride(old)  # the old pages fill it without evicting
     path = tmp_path_factory.mktemp("room") / "s"
     store = create("disk", _config(path, max_bytes))
     try:
         _put(store, "old", list(range(pages)), old)
-        if scattered:
-            gone = random.Random(seed).sample(range(pages), pages // 2)
-            store.delete([_key("old", i) for i in gone])
-            _put(store, "old", list(range(pages, pages + len(gone))), old)
+        _reorder(store, pages, old, how, seed)
         before = store.stats().bytes_used
-        store.take_removed()
         src = [memoryview(_payload("new", i, new)) for i in range(count)]
         assert all(store.put([_key("new", i) for i in range(count)], src))
         evicted = len(store.take_removed()) * _record(old)
