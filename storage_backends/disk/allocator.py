@@ -241,7 +241,7 @@ class Allocator:
         """Up to ``limit`` free extents, largest first."""
         cursor = self._txn.cursor(db=self._dbs.by_size)
         extents: list[Extent] = []
-        if not cursor.last():
+        if limit < 1 or not cursor.last():
             return extents
         for raw in cursor.iterprev(values=False):
             start = Slot.unpack(bytes(raw[8:]))

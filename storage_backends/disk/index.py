@@ -3,13 +3,13 @@
 Sub-databases (small values only): ``pages`` (key -> ``Location``), ``lru``
 (8-byte big-endian stamp -> key, so a cursor's first entry is the least recently
 used), ``meta`` (format version, fingerprint, bytes used: header + payload of every
-page, as the other backends count; segment tails),
+page, as the other backends count; segment tails, the allocated total),
 ``free``/``free_class`` (the allocator's free extents: start -> length, and by
-length; the second name is from when free slots were listed per size class) and ``pending`` (owner (pid,
-batch) -> slots reserved by a put of an earlier version of this store, which
-committed a reservation before writing; a crash left them there, and they are
-reclaimed once their process is gone. Puts now write inside their one
-transaction and leave nothing here).
+length; the second name is from when free slots were listed per size class) and
+``pending`` (owner (pid, batch) -> slots reserved by a put of an earlier version
+of this store, which committed a reservation before writing; a crash left them
+there, and they are reclaimed once their process is gone. Puts now write inside
+their one transaction and leave nothing here).
 """
 
 from __future__ import annotations

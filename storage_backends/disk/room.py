@@ -48,7 +48,7 @@ def record_key(segments: SegmentFiles, slot: Slot) -> bytes | None:
         got = segments.read(slot.segment, slot.offset, [header])
     except OSError:
         return None
-    parsed = parse_header(header) if got == HEADER_BYTES else None
+    parsed = parse_header(bytes(header)) if got == HEADER_BYTES else None
     return parsed.key if parsed is not None and parsed.magic == MAGIC else None
 
 

@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from storage_backends import StorageBackend, StorageConfig, create
@@ -105,7 +105,7 @@ SIZES = (3000, 5000, 16384, 20000, 60000, 204800)  # the last: 4 KiB-aligned slo
     count=st.integers(1, 6),
     how=st.sampled_from(HOW),
 )
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None)
 def test_room_for_a_new_size_is_bounded(
     tmp_path_factory: pytest.TempPathFactory,
     seed: int,
