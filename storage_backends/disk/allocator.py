@@ -21,7 +21,14 @@ from typing import NamedTuple
 
 import lmdb
 
-from storage_backends.disk.layout import SLOT_BYTES, Slot, SlotClass, SlotRun, round_up
+from storage_backends.disk.layout import (
+    SLOT_BYTES,
+    SLOT_STRUCT,
+    Slot,
+    SlotClass,
+    SlotRun,
+    round_up,
+)
 
 TAIL_PREFIX = b"tail:"
 _ALLOCATED = b"allocated"
@@ -49,12 +56,13 @@ class Extent(NamedTuple):
     def end(self) -> int:
         return self.offset + self.length
 
-    @property
-    def start(self) -> Slot:
-        return Slot(self.segment, self.offset)
+    def key(self) -> bytes:
+        """Its key in the ``free`` table: where it starts."""
+        return SLOT_STRUCT.pack(self.segment, self.offset)
 
     def size_key(self) -> bytes:
-        return u64(self.length) + self.start.pack()
+        """Its key in the by-size table: length, then where it starts."""
+        return u64(self.length) + SLOT_STRUCT.pack(self.segment, self.offset)
 
 
 def _candidates(tails: dict[int, int]) -> Iterator[int]:
@@ -129,13 +137,12 @@ class Allocator:
         runs: list[SlotRun] = []
         for fit in self._fits(cls, count):
             extent, n = fit.extent, min(fit.slots, count)
-            self._drop_extent(extent)
             start = extent.offset + fit.gap
             end = start + n * cls.stride
-            if fit.gap:
-                self._add_extent(Extent(extent.segment, extent.offset, fit.gap))
+            left = [Extent(extent.segment, extent.offset, fit.gap)] if fit.gap else []
             if end < extent.end:
-                self._add_extent(Extent(extent.segment, end, extent.end - end))
+                left.append(Extent(extent.segment, end, extent.end - end))
+            self._replace([extent], left)
             runs.append(SlotRun(extent.segment, start, n))
             count -= n
         return runs
@@ -183,33 +190,41 @@ class Allocator:
         return runs
 
     def _add_extent(self, extent: Extent) -> None:
-        self._txn.put(extent.start.pack(), u64(extent.length), db=self._dbs.free)
-        self._txn.put(extent.size_key(), b"", db=self._dbs.by_size)
+        self._replace([], [extent])
 
-    def _drop_extent(self, extent: Extent) -> None:
-        self._txn.delete(extent.start.pack(), db=self._dbs.free)
-        self._txn.delete(extent.size_key(), db=self._dbs.by_size)
+    def _replace(self, old: list[Extent], new: list[Extent]) -> None:
+        """Free extents ``old`` become ``new``: the new entries go in first and an old
+        entry is deleted only if no new one has its key, so that a table is never
+        emptied on the way (LMDB would free its root page and take another, a page a
+        release, which the index file keeps)."""
+        put, delete, dbs = self._txn.put, self._txn.delete, self._dbs
+        for extent in new:
+            put(extent.key(), u64(extent.length), db=dbs.free)
+            put(extent.size_key(), b"", db=dbs.by_size)
+        for extent in old:
+            if not any(e.offset == extent.offset and e.segment == extent.segment for e in new):
+                delete(extent.key(), db=dbs.free)
+            if extent not in new:
+                delete(extent.size_key(), db=dbs.by_size)
+
+    def _at(self, cursor: lmdb.Cursor, segment: int) -> Extent | None:
+        """The extent under ``cursor`` if it lies in ``segment``."""
+        at, offset = SLOT_STRUCT.unpack(cursor.key())
+        return Extent(at, offset, from_u64(cursor.value())) if at == segment else None
 
     def _extent_before(self, slot: Slot) -> Extent | None:
         """The free extent that starts last before ``slot`` in its segment."""
-        cursor = self._txn.cursor(db=self._dbs.free)
-        found = cursor.set_range(slot.pack())
-        if not (cursor.prev() if found else cursor.last()):
-            return None
-        start = Slot.unpack(bytes(cursor.key()))
-        if start.segment != slot.segment:
-            return None
-        return Extent(start.segment, start.offset, from_u64(cursor.value()))
+        return self._neighbours(slot)[0]
 
-    def _extent_from(self, slot: Slot) -> Extent | None:
-        """The first free extent at or after ``slot`` in its segment."""
+    def _neighbours(self, slot: Slot) -> tuple[Extent | None, Extent | None]:
+        """(the free extent that starts last before ``slot``, the first one at or after
+        it), in its segment: one cursor, one seek."""
         cursor = self._txn.cursor(db=self._dbs.free)
-        if not cursor.set_range(slot.pack()):
-            return None
-        start = Slot.unpack(bytes(cursor.key()))
-        if start.segment != slot.segment:
-            return None
-        return Extent(start.segment, start.offset, from_u64(cursor.value()))
+        found = cursor.set_range(SLOT_STRUCT.pack(*slot))
+        after = self._at(cursor, slot.segment) if found else None
+        moved = cursor.prev() if found else cursor.last()
+        before = self._at(cursor, slot.segment) if moved else None
+        return before, after
 
     def release(self, slot: Slot, cls: SlotClass) -> bool:
         """Give a slot back, merged with the free extents that touch it; lower the tail if
@@ -217,21 +232,20 @@ class Allocator:
         use by the allocator's account: past its segment's tail, or overlapping free
         space (a double release)."""
         start, end, tail = slot.offset, slot.offset + cls.stride, self._tail(slot.segment)
-        after = self._extent_from(slot)
-        before = self._extent_before(slot)
-        if end > tail or (after and after.offset < end) or (before and before.end > start):
+        if end > tail:
             return False
-        if after and after.offset == end:
-            self._drop_extent(after)
-            end = after.end
-        if before and before.end == start:
-            self._drop_extent(before)
-            start = before.offset
+        before, after = self._neighbours(slot)
+        if (after and after.offset < end) or (before and before.end > start):
+            return False
+        merged = [e for e in (before, after) if e and (e.end == start or e.offset == end)]
+        start = min([start] + [e.offset for e in merged])
+        end = max([end] + [e.end for e in merged])
         if end != tail:
-            self._add_extent(Extent(slot.segment, start, end - start))
+            self._replace(merged, [Extent(slot.segment, start, end - start)])
             return True
+        self._replace(merged, [])
         while (below := self._extent_before(Slot(slot.segment, start))) and below.end == start:
-            self._drop_extent(below)  # a store of the first format: free slots not merged
+            self._replace([below], [])  # a store of the first format: free slots not merged
             start = below.offset
         self.allocated -= tail - start
         self._set_tail(slot.segment, start)

@@ -77,6 +77,7 @@ class Slot(NamedTuple):
 
 _SLOT = struct.Struct(">IQ")
 SLOT_BYTES = _SLOT.size
+SLOT_STRUCT = _SLOT  # the packed form of a ``Slot``, for hot loops
 
 
 class SlotRun(NamedTuple):
