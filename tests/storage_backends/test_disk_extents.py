@@ -1,15 +1,16 @@
 """The disk store's free space: extents of no size class. Freed slots merge with free
 neighbours and serve any class; a release that would overlap free space changes
 nothing; a store of the first format (free slots listed per class) opens with its
-free slots turned into extents."""
+free slots turned into extents; churn does not grow the index."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import lmdb
 
-from storage_backends import StorageConfig
+from storage_backends import StorageConfig, create
 from storage_backends.disk.index import DB_NAMES, DiskIndex
 from storage_backends.disk.layout import INDEX_DIR, Slot, SlotClass, SlotRun, slot_class
 
@@ -85,3 +86,25 @@ def test_free_slots_of_the_first_format_become_extents(tmp_path: Path) -> None:
             assert writer.alloc.take(SMALL, 1) == [SlotRun(0, 5 * SMALL.stride, 1)]
     finally:
         index.close()
+
+
+def test_churn_keeps_the_index_small(tmp_path: Path) -> None:
+    """A full store of 4 KiB pages put over four times: every put evicts and each freed
+    slot merges with the extent before it. Measured: ~620 index bytes a page; ~2,700
+    when each merge emptied the by-size table for a moment (LMDB freed its root page
+    and took another, once a release)."""
+    pages, size = 1000, 4096
+    path = tmp_path / "s"
+    config = StorageConfig(
+        backend="disk", path=str(path), max_bytes=pages * (size + 64), sync="none"
+    )
+    store = create("disk", config)
+    try:
+        payload = memoryview(bytes(size))
+        for start in range(0, 4 * pages, 128):
+            keys = [hashlib.sha256(b"%d" % n).digest() for n in range(start, start + 128)]
+            assert all(store.put(keys, [payload] * 128))
+        entries = store.stats().entries
+    finally:
+        store.close()
+    assert (path / INDEX_DIR / "data.mdb").stat().st_size / entries < 1000
