@@ -13,11 +13,16 @@ a writer holds it); a header that cannot be read, or whose key the index puts
 elsewhere (damage, or the record of a put killed before its commit), is a place
 nobody is known to hold: never freed, passed over.
 
+With no free extent at all (every byte below the tails in a slot: a full store whose
+records are smaller than their slots, so that their bytes alone never call for an
+eviction), the least recently used page goes: its slot is the free space.
+
 Bound: a put of ``n`` slots of ``stride`` evicts, beyond the least recently used
 pages that make its bytes fit ``max_bytes``, pages covering at most
 ``n * stride + n * (align + the largest stride evicted)`` bytes, plus at most
-``BLIND_EVICTIONS`` least recently used pages when no extent can grow (no free
-space at all, or damage at every extent's end); then the put's remaining pages fail.
+``BLIND_EVICTIONS`` least recently used pages when none of the ``_GROWABLE``
+largest extents can grow (damage at their ends, or the batch's own new slots
+there); then the put's remaining pages fail.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from storage_backends.page_format import HEADER_BYTES, MAGIC, parse_header
 # The key in the record header at a slot, None where there is no readable header.
 KeyReader = Callable[[Slot], bytes | None]
 BLIND_EVICTIONS = 8
-_GROWABLE = 4  # the largest extents tried, in turn, before an eviction by age
+_GROWABLE = 16  # the largest extents tried, in turn, before an eviction by age
 
 
 def no_reader(slot: Slot) -> bytes | None:
@@ -74,7 +79,10 @@ class Room:
 
     def make(self) -> bool:
         """Evict one page to grow free space; False once nothing more may be evicted."""
-        for extent in self._writer.largest_free(_GROWABLE):
+        extents = self._writer.largest_free(_GROWABLE)
+        if not extents:  # all free space is used: the oldest page's slot is the next
+            return self._writer.evict_one()
+        for extent in extents:
             after = Slot(extent.segment, extent.end)
             key = self._read_key(after)
             if key is not None and self._writer.holds(key, after):

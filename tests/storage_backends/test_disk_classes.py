@@ -138,3 +138,17 @@ def test_room_for_a_new_size_is_bounded(
         assert _file_bytes(path) <= round_up(max_bytes + largest, BLOCK)
     finally:
         store.close()
+
+
+def test_a_store_full_of_padded_slots_keeps_taking_puts(tmp_path: Path) -> None:
+    """100-byte pages take 192-byte slots: the store's slots fill while its bytes stay
+    a fifth below ``max_bytes``, so only the slots call for evictions (there is no free
+    extent to grow: the oldest pages go, as many as needed)."""
+    pages, size = 1000, 100
+    store = create("disk", _config(tmp_path / "s", pages * _record(size)))
+    try:
+        _put(store, "small", list(range(3 * pages)), size)
+        assert store.stats().put_failures == 0
+        assert store.stats().entries >= pages * _record(size) // _stride(size)  # still full
+    finally:
+        store.close()
