@@ -203,6 +203,11 @@ class IndexWriter:
             cursor.delete()  # a stamp without a page: drop it so the loop advances
         return False
 
+    def oldest(self) -> Location | None:
+        """The least recently used page's location (None: no page, or a damaged entry)."""
+        cursor = self._txn.cursor(db=self._dbs.lru)
+        return self.location(bytes(cursor.value())) if cursor.first() else None
+
     def evict(self, key: bytes) -> bool:
         """``remove``, counted as an eviction."""
         if not self.remove(key):
@@ -230,7 +235,7 @@ class IndexWriter:
                 break
         runs = self.alloc.take(cls, count)
         taken = sum(run.n_slots for run in runs)
-        room = Room(self, read_key)
+        room = Room(self, cls, read_key)
         while taken < count and room.make():
             more = self.alloc.take(cls, count - taken)
             runs += more

@@ -1,10 +1,12 @@
 """Room for a slot that no free extent holds: eviction aimed at space, not only at age.
 
-When the free extents are all too small for a page size (a store full of pages of
-another size: a second model, an upgrade), evicting least recently used pages
-could go on until the whole store is free, since pages evicted one by one here and
-there rarely lie together. Instead, each step evicts the page that lies right after
-one of the largest free extents, so that extent grows by that page's slot; it fits
+When the least recently used page's slot holds a slot of the size wanted, it goes
+(a store of one page size evicts by age alone). When it does not and the free
+extents are all too small for the size (a store full of smaller pages: a second
+model, an upgrade), evicting least recently used pages could go on until the whole
+store is free, since pages evicted one by one here and there rarely lie together.
+Instead, each step evicts the page that lies right after one of the largest free
+extents, so that extent grows by that page's slot; it fits
 the new slot after about ``stride / (the old pages' stride)`` steps. The index has
 no map from places to pages, so the page after an extent is found by reading the
 key in the record header at the extent's end and checking that the index puts that
@@ -31,7 +33,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from storage_backends.disk.allocator import Extent
-from storage_backends.disk.layout import Slot
+from storage_backends.disk.layout import Location, Slot, SlotClass, round_up
 from storage_backends.disk.segments import SegmentFiles
 from storage_backends.page_format import HEADER_BYTES, MAGIC, parse_header
 
@@ -68,17 +70,28 @@ class Evictor(Protocol):
 
     def evict_one(self) -> bool: ...
 
+    def oldest(self) -> Location | None: ...
+
+
+def _holds_one(loc: Location, cls: SlotClass) -> bool:
+    """Whether ``loc``'s slot, once free, holds a slot of ``cls`` by itself."""
+    return round_up(loc.offset, cls.align) + cls.stride <= loc.offset + loc.stride
+
 
 class Room:
     """Room-making for one ``reserve`` call. Not thread-safe (one write transaction)."""
 
-    def __init__(self, writer: Evictor, read_key: KeyReader) -> None:
+    def __init__(self, writer: Evictor, cls: SlotClass, read_key: KeyReader) -> None:
         self._writer = writer
+        self._cls = cls
         self._read_key = read_key
         self._blind = 0
 
     def make(self) -> bool:
         """Evict one page to grow free space; False once nothing more may be evicted."""
+        oldest = self._writer.oldest()
+        if oldest is not None and _holds_one(oldest, self._cls):
+            return self._writer.evict_one()  # a page of this size or larger: by age
         extents = self._writer.largest_free(_GROWABLE)
         if not extents:  # all free space is used: the oldest page's slot is the next
             return self._writer.evict_one()

@@ -108,3 +108,33 @@ def test_churn_keeps_the_index_small(tmp_path: Path) -> None:
     finally:
         store.close()
     assert (path / INDEX_DIR / "data.mdb").stat().st_size / entries < 1000
+
+
+def test_room_goes_by_age_when_the_oldest_slot_is_large_enough(tmp_path: Path) -> None:
+    """A free fragment too small for a 3,000-byte page lies before a page just used;
+    the least recently used page's slot holds one: that page goes, not the one after
+    the fragment (growing free space is for sizes the oldest slot cannot hold)."""
+    mid, small = slot_class(5000, direct_io=False), slot_class(3000, direct_io=False)
+    path = tmp_path
+    config = StorageConfig(
+        backend="disk", path=str(path), max_bytes=8 * mid.stride - small.stride, sync="none"
+    )
+    index = DiskIndex(path / INDEX_DIR, config)
+    keys = [hashlib.sha256(b"room-%d" % n).digest() for n in range(9)]
+    at: dict[Slot, bytes] = {}
+    try:
+        with index.writing() as writer:
+            run = writer.reserve(mid, 8, 8 * 156)[0]
+            assert run == SlotRun(0, 0, 8)  # allocated past max_bytes by less than a slot
+            writer.insert_run(run, mid, keys[:8], [100] * 8)  # small records, full slots
+            at.update(zip(run.slots(mid.stride), keys[:8], strict=True))
+            assert writer.remove(keys[5])
+            cut = writer.reserve(small, 1, 156)[0]  # leaves a fragment before page 6
+            assert cut == SlotRun(0, 5 * mid.stride, 1)
+            writer.insert_run(cut, small, keys[8:], [100])
+            writer.touch(keys[6])
+            writer.removed.clear()
+            assert writer.reserve(small, 1, 156, at.get) == [SlotRun(0, 0, 1)]
+            assert writer.removed == [keys[0]]
+    finally:
+        index.close()
