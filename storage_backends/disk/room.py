@@ -6,8 +6,8 @@ extents are all too small for the size (a store full of smaller pages: a second
 model, an upgrade), evicting least recently used pages could go on until the whole
 store is free, since pages evicted one by one here and there rarely lie together.
 Instead, each step evicts the page that lies right after one of the largest free
-extents, so that extent grows by that page's slot; it fits
-the new slot after about ``stride / (the old pages' stride)`` steps. The index has
+extents, so that extent grows by that page's slot; it holds the new slot after
+about ``stride / (the old pages' stride)`` steps. The index has
 no map from places to pages, so the page after an extent is found by reading the
 key in the record header at the extent's end and checking that the index puts that
 key there. That holds under the index's write lock (every record is written while
