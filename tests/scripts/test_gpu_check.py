@@ -28,7 +28,7 @@ def test_dry_run_plans_every_step_into_one_folder(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     plan = (out / "commands.log").read_text()
     assert "-m pytest -m gpu" in plan
-    assert "tests/engine/test_cuda.py" in plan
+    assert "tests/hicache/engine/test_cuda.py" in plan
     assert "bench transfer --device cuda --io-backend direct --json" in plan
     assert f"--json {out.resolve()}/transfer_direct.json" in plan
     summary = (out / "summary.txt").read_text().splitlines()

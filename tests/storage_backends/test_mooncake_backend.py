@@ -18,7 +18,7 @@ import pytest
 from storage_backends import StorageBackend, StorageConfig, StorageOpenError, create
 from storage_backends.mooncake_client import parse_endpoint
 from storage_backends.mooncake_local import LocalMooncake
-from tests.engine.helpers import (
+from tests.hicache.engine.helpers import (
     assert_same,
     chat,
     config,

@@ -123,7 +123,7 @@ def test_a_dead_daemon_shows_as_backend_errors() -> None:
     # Nobody listens: the first request times out and opens the breaker, the rest fail
     # fast; each is a backend error, not only a failed put. (No prefetch: its wait is
     # bounded by the same timeout as the lookup it waits for.)
-    from tests.storage_backends.test_remote_link import free_endpoint
+    from tests.storage_backends.remote.test_remote_link import free_endpoint
 
     store = StorageConfig(backend="remote", endpoint=free_endpoint(), timeout_s=0.2)
     base = two_tier(4, pages=16, storage=store, prefetch_threshold=10**6)
