@@ -19,10 +19,10 @@ def byte_view(buf: memoryview, writable: bool) -> memoryview:
     view = buf if isinstance(buf, memoryview) else memoryview(buf)
     if writable and view.readonly:
         raise ValueError("get() destination buffers must be writable")
+    if not view.c_contiguous:
+        # A strided buffer cannot be filled or hashed by one pass; callers pass whole pages.
+        raise ValueError("page buffers must be C-contiguous")
     if view.format != "B" or view.ndim != 1:
-        if not view.c_contiguous:
-            # A strided buffer cannot be filled by one copy; callers pass whole pages.
-            raise ValueError("page buffers must be C-contiguous")
         view = view.cast("B")
     return view
 

@@ -44,7 +44,13 @@ from storage_backends.remote.protocol import (
     Request,
     StatsReply,
 )
-from storage_backends.scatter import Runs, check_scatter, copy_verified_runs, total
+from storage_backends.scatter import (
+    Runs,
+    check_gather,
+    check_scatter,
+    copy_verified_runs,
+    total,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -243,16 +249,26 @@ class RemoteBackend:
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         self._check_open()
         views = check_batch(keys, src, writable=False)
-        fits = [i for i, v in enumerate(views) if len(v) <= self._config.max_page_bytes]
-        parts = chunks([len(views[i]) for i in fits])
+        return self._put_runs(keys, [[view] for view in views])
+
+    def put_gather(self, keys: Sequence[bytes], src: list[Sequence[memoryview]]) -> list[bool]:
+        self._check_open()
+        return self._put_runs(keys, check_gather(keys, src))
+
+    def _put_runs(self, keys: Sequence[bytes], runs: list[Runs]) -> list[bool]:
+        """Pages (each its runs, concatenated) to the daemon as records built straight
+        from the runs into this thread's arena (``put`` and ``put_gather``)."""
+        sizes = [total(page) for page in runs]
+        fits = [i for i, size in enumerate(sizes) if size <= self._config.max_page_bytes]
+        parts = chunks([sizes[i] for i in fits])
         arena = self._arena()
-        arena.start(sum(HEADER_BYTES + len(views[i]) for i in fits))
+        arena.start(sum(HEADER_BYTES + sizes[i] for i in fits))
         requests = [
             Request(
                 Op.PUT,
                 0,
                 tuple(keys[i] for i in fits[c.start : c.stop]),
-                tuple(arena.encode(keys[i], views[i]) for i in fits[c.start : c.stop]),
+                tuple(arena.encode_runs(keys[i], runs[i]) for i in fits[c.start : c.stop]),
             )
             for c in parts
         ]
