@@ -499,4 +499,3 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
             self._meter.record(
                 kind, pages, pages * self._geometry.nbytes, time.perf_counter() - start
             )
-

@@ -97,9 +97,7 @@ def test_a_page_over_the_cap_fails_alone(daemon: ServerProcess, backend: RemoteB
 
 
 @pytest.mark.parametrize("case", ["lengths", "no runs", "bad key", "strided run"])
-def test_bad_batches_are_refused_before_anything_is_sent(
-    backend: RemoteBackend, case: str
-) -> None:
+def test_bad_batches_are_refused_before_anything_is_sent(backend: RemoteBackend, case: str) -> None:
     good = runs_of(payload(0), [100, PAGE - 100])
     keys, src = {
         "lengths": ([key(0), key(1)], [good]),
