@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 
 from storage_backends.page_format import KEY_BYTES
 
@@ -27,6 +28,11 @@ def byte_view(buf: memoryview, writable: bool) -> memoryview:
     return view
 
 
+_SHAPE = attrgetter("format", "ndim", "readonly", "c_contiguous")
+_WRITABLE = {("B", 1, False, True)}  # the shape of a writable flat byte view
+_FLAT = {("B", 1, False, True), ("B", 1, True, True)}
+
+
 def check_batch(
     keys: Sequence[bytes], bufs: Sequence[memoryview], writable: bool
 ) -> list[memoryview]:
@@ -34,6 +40,12 @@ def check_batch(
     if len(keys) != len(bufs):
         raise ValueError(f"got {len(keys)} keys but {len(bufs)} buffers")
     check_keys(keys)
+    # The common batch, flat byte views already, is checked without a Python step per
+    # buffer (a quarter of a 64 KiB page's read cost, otherwise).
+    if set(map(type, bufs)) == {memoryview}:
+        shapes = set(map(_SHAPE, bufs))
+        if shapes == _WRITABLE or (not writable and shapes <= _FLAT):
+            return list(bufs)
     return [byte_view(buf, writable) for buf in bufs]
 
 

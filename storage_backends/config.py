@@ -94,6 +94,8 @@ class StorageConfig:
     curve_server_key: str = ""
     breaker_failures: int = 3
     breaker_cooldown_s: float = 1.0
+    # remote over ipc://: move pages through the daemon's shared-memory slab when it has one.
+    shm: bool = False
     # disk: threads doing one batch's reads and writes (bytes in flight); size of one segment
     # file; O_DIRECT (no page cache; a clear error where the file system refuses it).
     io_threads: int = 4
@@ -145,6 +147,11 @@ class StorageConfig:
         if bool(self.curve_client_key) != bool(self.curve_server_key):
             raise ValueError(
                 "storage.curve_client_key and storage.curve_server_key must be set together"
+            )
+        if self.shm and not self.endpoint.startswith("ipc://"):
+            raise ValueError(
+                "storage.shm needs the daemon on this host: an ipc:// endpoint, "
+                f"got {self.endpoint!r}"
             )
         if self.breaker_failures < 1:
             raise ValueError(f"storage.breaker_failures must be >= 1, got {self.breaker_failures}")

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import xxhash
-
-from storage_backends.page_format import FORMAT_VERSION, HEADER_BYTES, HEADER_STRUCT, MAGIC
+from storage_backends.page_format import HEADER_BYTES, build_runs_header
 
 # The buffer one thread keeps between batches (so 8 I/O threads keep at most 128 MiB);
 # records beyond it are built one by one.
@@ -68,7 +66,7 @@ class RecordArena:
         """The record of the page that is ``runs`` (flat byte views) concatenated in order,
         under ``key``: a view into the buffer while it has room, else a ``bytes`` of its
         own. Each run is read twice (hashed, copied), never gathered into a page first."""
-        header = record_header(key, runs)
+        header = build_runs_header(key, runs)
         size = HEADER_BYTES + sum(len(run) for run in runs)
         if self._used + size > len(self._buf):
             return b"".join((header, *runs))
@@ -80,16 +78,3 @@ class RecordArena:
             offset += len(run)
         self._used += size
         return record.toreadonly()
-
-
-def record_header(key: bytes, runs: Sequence[memoryview]) -> bytes:
-    """The page header of the runs' concatenation (one xxh3 stream over the runs)."""
-    if len(runs) == 1:
-        checksum = xxhash.xxh3_64_intdigest(runs[0])
-    else:
-        hasher = xxhash.xxh3_64()
-        for run in runs:
-            hasher.update(run)
-        checksum = hasher.intdigest()
-    length = sum(len(run) for run in runs)
-    return HEADER_STRUCT.pack(MAGIC, FORMAT_VERSION, 0, key, length, checksum)

@@ -18,7 +18,7 @@ from hicache.daemon.store import StoreSize
 from hicache.daemon.writer import WriterStats
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier
-from tests.hicache.test_prometheus import free_port
+from tests.hicache.observe.test_prometheus import free_port
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "hicache.json"
 METRIC = re.compile(r"\b(hicache_[a-z0-9_]+)(\{[^}]*\})?")

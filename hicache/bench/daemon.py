@@ -2,7 +2,8 @@
 
 The bench starts ``hicache serve`` (on a temporary store) and the echo server
 (``hicache.bench.zmq_echo``) as subprocesses, once per transport (ipc, tcp
-on loopback). ``clients`` threads share one RemoteBackend (one DEALER socket
+on loopback; shm: ipc with the daemon's shared-memory slab on and the clients
+using it, held to the same ipc echo). ``clients`` threads share one RemoteBackend (one DEALER socket
 per thread, as the storage I/O workers do); the baseline threads send the
 same requests through their own DEALER sockets to the echo, which stores
 nothing and checks nothing (``daemon_cells``). ``ratio`` is daemon/echo
@@ -39,7 +40,8 @@ from storage_backends.remote.protocol import Op, StatsReply
 
 logger = logging.getLogger(__name__)
 
-TRANSPORTS = ("ipc", "tcp")
+TRANSPORTS = ("ipc", "shm", "tcp")
+FAIRNESS_TRANSPORTS = ("ipc", "tcp")  # its raw clients send frames: shm would repeat ipc
 SHORT = ((64 << 10, 16), (2 << 20, 4))  # (page bytes, pages a call) of the default run
 GRID_PAGES = (64 << 10, 256 << 10, 2 << 20, 8 << 20)
 GRID_PER_CALL = (1, 4, 16)
@@ -71,7 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--grid", action="store_true", help="every page size x pages x clients")
     parser.add_argument(
-        "--transports", type=transports, default=",".join(TRANSPORTS), help="ipc, tcp or both"
+        "--transports",
+        type=transports,
+        default=",".join(TRANSPORTS),
+        help="comma-separated: ipc, shm (ipc through the daemon's shared memory), tcp",
+    )
+    parser.add_argument(
+        "--shm-mib", type=at_least(1), default=1024, help="the daemon's slab for shm (MiB)"
     )
     parser.add_argument(
         "--mib", type=at_least(1), default=64, help="MiB each GET/PUT measurement moves in all"
@@ -118,7 +126,7 @@ def transports(text: str) -> list[str]:
     """An argparse type: a comma-separated subset of ``TRANSPORTS``."""
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names or any(name not in TRANSPORTS for name in names):
-        raise argparse.ArgumentTypeError(f"expected ipc, tcp or ipc,tcp; got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(TRANSPORTS)}; got {text!r}")
     return names
 
 
@@ -245,7 +253,7 @@ def run_cells(
 
 def _endpoints(transport: str, tmp: Path) -> tuple[str, str]:
     """Where the daemon and the echo listen (loopback tcp on OS-picked ports, or ipc)."""
-    if transport == "ipc":
+    if transport in ("ipc", "shm"):
         return f"ipc://{tmp}/daemon.sock", f"ipc://{tmp}/echo.sock"
     return "tcp://127.0.0.1:0", "tcp://127.0.0.1:*"
 
@@ -259,6 +267,10 @@ def run_transport(
         daemon_at, echo_at = _endpoints(transport, tmp)
         profile = args.profile / f"daemon-{transport}.prof" if args.profile else None
         extra = [flag for text in getattr(args, "overrides", []) for flag in ("--set", text)]
+        shm = transport == "shm"
+        if shm:  # the endpoint too: --set is checked before --endpoint applies
+            extra += ["--set", f"server.endpoint={daemon_at}"]
+            extra += ["--set", f"server.shm_bytes={args.shm_mib << 20}"]
         daemon = start_daemon(
             args.config_path, tmp / "store", daemon_at, extra=extra, profile=profile
         )
@@ -266,12 +278,18 @@ def run_transport(
         backend = echo = None
         try:
             echo_server = start_echo(echo_at)
-            config = StorageConfig(backend="remote", endpoint=daemon.endpoint, timeout_s=60.0)
+            config = StorageConfig(
+                backend="remote", endpoint=daemon.endpoint, timeout_s=60.0, shm=shm
+            )
             backend, echo = RemoteBackend(config), EchoClient(echo_server.endpoint)
             todo = cells(args, transport)
             targets = Target(backend, daemon.pid, daemon.endpoint), Target(echo, echo_server.pid)
             rows, missing = run_cells(*targets, todo, args)
-            fairness = measure_fairness(daemon.endpoint, transport, args.fairness_mib << 20)
+            fairness = (
+                measure_fairness(daemon.endpoint, transport, args.fairness_mib << 20)
+                if transport in FAIRNESS_TRANSPORTS
+                else []
+            )
         finally:
             for closable in (backend, echo):
                 if closable is not None:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from hicache.integrations.vllm_cpu import PrimaryBuffer, TierDriver
 
 JOB_SIZES = (1, 8, 64)
+SHM_BYTES = 1 << 30  # the daemon-shm target's slab
 
 
 class DaemonArgs(NamedTuple):
@@ -67,8 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", default="", help="where the stores go (default: a temp dir)")
     parser.add_argument(
         "--targets",
-        default="lmdb,disk,daemon-ipc,daemon-tcp",
-        help="comma-separated: lmdb, disk, daemon-ipc, daemon-tcp",
+        default="lmdb,disk,daemon-ipc,daemon-shm,daemon-tcp",
+        help="comma-separated: lmdb, disk, daemon-ipc, daemon-shm (ipc through the daemon's "
+        "shared memory), daemon-tcp",
     )
     parser.add_argument("--workers", type=at_least(1), default=8, help="HicacheTier I/O threads")
     parser.add_argument(
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if chunk % 4096 or args.chunks < max(JOB_SIZES):
         raise SystemExit(f"--chunk-kb must be a multiple of 4, --chunks >= {max(JOB_SIZES)}")
     targets = [t for t in args.targets.split(",") if t]
-    unknown = set(targets) - {"lmdb", "disk", "daemon-ipc", "daemon-tcp"}
+    unknown = set(targets) - {"lmdb", "disk", "daemon-ipc", "daemon-shm", "daemon-tcp"}
     if unknown:
         raise SystemExit(f"unknown targets {sorted(unknown)}")
     with ExitStack() as stack:
@@ -172,10 +174,14 @@ def _tier_config(
         return {**ours, "hicache_config": "default", **local}
     from hicache.bench.processes import serve_sets, start_daemon
 
-    endpoint = f"ipc://{root}/daemon.sock" if target == "daemon-ipc" else "tcp://127.0.0.1:0"
+    sockets = {"daemon-ipc": f"ipc://{root}/daemon.sock", "daemon-shm": f"ipc://{root}/shm.sock"}
+    endpoint = sockets.get(target, "tcp://127.0.0.1:0")
     store, extra = root / f"{target}-store", serve_sets(daemon.sets)
+    shm = target == "daemon-shm"
+    if shm:  # the endpoint too: --set is checked before --endpoint applies
+        extra += ["--set", f"server.endpoint={endpoint}", "--set", f"server.shm_bytes={SHM_BYTES}"]
     server = stack.enter_context(start_daemon(daemon.config, store, endpoint, extra=extra))
-    return {**ours, "hicache_config": "remote", "endpoint": server.endpoint}
+    return {**ours, "hicache_config": "remote", "endpoint": server.endpoint, "shm": shm}
 
 
 @contextmanager

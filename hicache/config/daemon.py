@@ -60,6 +60,8 @@ class ServerConfig:
     # ZeroMQ I/O threads (each connection is served by one): while one copies a client's
     # bulk frames, another's small frames go through another. Released from the GIL.
     io_threads: int = 2
+    # The shared-memory data plane for same-host clients (ipc only): the slab's size; 0: off.
+    shm_bytes: int = 0
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.endpoint)
@@ -85,6 +87,23 @@ class ServerConfig:
         _check(self.heartbeat_s >= 0, "server.heartbeat_s", "must be >= 0")
         _check(self.handshake_timeout_s > 0, "server.handshake_timeout_s", "must be > 0")
         _check(0 <= self.background_nice <= 19, "server.background_nice", "must be 0..19")
+        self._check_shm(parts.scheme)
+
+    def _check_shm(self, scheme: str) -> None:
+        _check(self.shm_bytes >= 0, "server.shm_bytes", "must be >= 0 (0: off)")
+        if self.shm_bytes == 0:
+            return
+        _check(self.shm_bytes >= 1 << 20, "server.shm_bytes", "must be 0 (off) or >= 1 MiB")
+        _check(
+            scheme == "ipc",
+            "server.shm_bytes",
+            f"shared memory is for same-host clients: an ipc:// endpoint, not {self.endpoint}",
+        )
+        _check(
+            self.heartbeat_s > 0,
+            "server.shm_bytes",
+            "needs server.heartbeat_s > 0 (a lease is reclaimed after 3 silent intervals)",
+        )
 
 
 # The stores the daemon runs on, and the one it runs on when its config names none
@@ -190,6 +209,12 @@ class DaemonConfig:
             remote_ok or is_loopback(self.server.endpoint),
             "server.endpoint",
             f"{self.server.endpoint} is not loopback: enable auth.curve or server.allow_remote",
+        )
+        _check(
+            not (self.auth.curve and self.server.shm_bytes),
+            "server.shm_bytes",
+            "every client maps the whole slab, so tenants could read each other's pages: "
+            "not with auth.curve",
         )
 
     @classmethod

@@ -75,6 +75,10 @@ MEANINGS: dict[str, str] = {
         "(a timeout opens the breaker at once)"
     ),
     "storage.breaker_cooldown_s": "`remote`: fail-fast period; then one PING probes the daemon",
+    "storage.shm": (
+        "`remote` over `ipc://`: move pages through the daemon's shared-memory slab"
+        " (`server.shm_bytes`); frames when the daemon has none"
+    ),
     "storage.io_threads": "`disk`: threads reading/writing one batch's pages (bytes in flight)",
     "storage.segment_bytes": "`disk`: size of one segment file (fixed when the store is created)",
     "storage.direct_io": "`disk`: O_DIRECT, bypassing the page cache (refused where unsupported)",
@@ -126,6 +130,10 @@ DAEMON_MEANINGS: dict[str, str] = {
     "server.background_nice": (
         "added to the nice value of the writer and reader threads (Linux; 0..19, 0: off): on "
         "busy cores the socket thread runs first, so small requests wait less behind bulk ones"
+    ),
+    "server.shm_bytes": (
+        "shared-memory slab for same-host clients (`ipc://` only, not with CURVE; clients opt"
+        " in with `storage.shm`): pages cross it instead of the socket; 0: off"
     ),
     "store.backend": (
         "the page store: `lmdb`, or `disk` (segment files + an LMDB index); a directory that"

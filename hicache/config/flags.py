@@ -14,10 +14,10 @@ import importlib.util
 import inspect
 import re
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from hicache.config.loader import Override, check_keys, parse_override
+from hicache.config.loader import Override, Scalar, check_keys, parse_override
 from hicache.config.shipped import CACHE, DAEMON, resolve_config, shipped_configs
 
 if TYPE_CHECKING:
@@ -191,12 +191,17 @@ def load_config(args: argparse.Namespace) -> CacheConfig:
     return CacheConfig.from_toml(path, overrides_of(args))  # type: ignore[arg-type]
 
 
-def load_daemon_config(args: argparse.Namespace) -> DaemonConfig:
-    """The daemon config ``--config`` names, with the ``--set`` overrides applied."""
+def load_daemon_config(
+    args: argparse.Namespace, flags: Mapping[str, Scalar] | None = None
+) -> DaemonConfig:
+    """The daemon config ``--config`` names, with the ``--set`` overrides and then the
+    command's own ``flags`` (``"section.key" -> value``) applied before it is validated,
+    so a check across keys sees them all (``--endpoint ipc://…`` with shared memory)."""
     from hicache.config.daemon import DaemonConfig
 
     path = resolve_config(str(args.config), DAEMON)
-    return DaemonConfig.from_toml(path, overrides_of(args))  # type: ignore[arg-type]
+    overrides = {**overrides_of(args), **(flags or {})}
+    return DaemonConfig.from_toml(path, overrides)  # type: ignore[arg-type]
 
 
 def load_any(args: argparse.Namespace) -> CacheConfig | DaemonConfig:

@@ -122,8 +122,9 @@ def _stats_flags(stats: argparse.ArgumentParser) -> None:
     stats.set_defaults(daemon_run=_stats)
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
-    pick = {
+def _flag_overrides(args: argparse.Namespace) -> dict[str, str | int | bool]:
+    """The serve flags given, as ``"section.key" -> value`` (applied after ``--set``)."""
+    pick: dict[str, dict[str, str | int | bool | None]] = {
         "server": {
             "endpoint": args.endpoint,
             "allow_remote": args.allow_remote,
@@ -136,7 +137,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
         },
         "metrics": {"port": args.metrics_port},
     }
-    return {s: {k: v for k, v in f.items() if v is not None} for s, f in pick.items()}
+    return {f"{s}.{k}": v for s, f in pick.items() for k, v in f.items() if v is not None}
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -150,8 +151,7 @@ def _serve(args: argparse.Namespace) -> int:
     logger.debug("malloc thresholds: %s", heap)
     try:
         check_override_keys(args)
-        config = load_daemon_config(args)
-        server = DaemonServer(config.with_overrides(**_overrides(args)))
+        server = DaemonServer(load_daemon_config(args, _flag_overrides(args)))
     except (ValueError, OSError, StorageError) as exc:
         print(f"hicache serve: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hicache.daemon.shm_plane import ShmStats
 from hicache.daemon.store import StoreSize, TenantSize
 from hicache.daemon.writer import WriterStats
 from storage_backends.remote.protocol import ErrorCode, Op, StatValue
@@ -136,6 +137,18 @@ class DaemonMetrics:
         for code in ErrorCode:
             self.errors.labels(code=code.value)
         self._http: tuple[object, threading.Thread] | None = None
+
+    def watch_shm(self, stats: Callable[[], ShmStats]) -> None:
+        """Report the shared-memory slab's leases and lent bytes (read at each scrape)."""
+        reg = self.registry
+        leases = Gauge(f"{_PREFIX}_shm_leases", "shared-memory leases held", registry=reg)
+        lent = Gauge(
+            f"{_PREFIX}_shm_lent_bytes",
+            "shared-memory slab bytes lent to clients (put areas and GET slots)",
+            registry=reg,
+        )
+        leases.set_function(lambda: stats().leases)
+        lent.set_function(lambda: stats().lent_bytes)
 
     def answered(self, op: Op, seconds: float) -> None:
         """A reply to a request of ``op`` went out ``seconds`` after it came in."""

@@ -15,6 +15,7 @@ queued, GET replies being read or not yet taken (``replies``), connections
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from hicache.daemon.peers import PeerGuard, raise_fd_limit
 from hicache.daemon.readers import ReadDone, Readers, ReadJob
 from hicache.daemon.replies import ReplyBudget
 from hicache.daemon.reply_pool import ReplyPool
+from hicache.daemon.shm_plane import ShmPlane, remove_stale, slab_path
 from hicache.daemon.store import DaemonStore, Lookup, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
 from storage_backends.remote.protocol import (
@@ -50,6 +52,7 @@ from storage_backends.remote.protocol import (
     PutReply,
     Reply,
     Request,
+    ShmAttachReply,
     StatsReply,
     decode_request,
     encode_reply,
@@ -60,6 +63,10 @@ logger = logging.getLogger(__name__)
 _POLL_MS = 100
 _RECV_BATCH = 256  # messages taken per wake-up before the writer's completions are sent
 _LINGER_MS = 2000  # time the socket keeps trying to deliver the last replies on close
+# A GET through a shared-memory lease is copied into the slab on the socket thread only up
+# to this many bytes (the remote backend asks for about 1 MiB at a time); a bigger one is
+# copied by a reader, record by record, so other clients' requests get turns in between.
+_SOCKET_COPY_BYTES = 4 << 20
 
 
 def server_version() -> str:
@@ -143,6 +150,7 @@ class DaemonServer:
         )
         self._admins = {t.name for t in config.auth.tenants if t.admin}
         self._server = server_version()
+        self._shm: ShmPlane | None = None  # the shared-memory slab (server.shm_bytes > 0)
 
     def _writer_stats(self) -> WriterStats:
         return self._writer.stats() if self._writer is not None else WriterStats(0, 0, 0)
@@ -154,6 +162,11 @@ class DaemonServer:
         self._peers = PeerGuard(self._router, server.max_peers, raise_fd_limit(), _quiet_ms(server))
         self._router.bind(_bind_address(self._config.server.endpoint))
         endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        if server.shm_bytes > 0:
+            if remove_stale(endpoint):
+                logger.info("removed shared-memory slabs that daemons killed earlier left")
+            self._shm = ShmPlane(slab_path(endpoint), server.shm_bytes, 3 * server.heartbeat_s)
+            self._metrics.watch_shm(self._shm.stats)
         wake = f"inproc://hicache-daemon-wake-{id(self)}"
         self._wake_in.bind(wake)
         self._wake_out.connect(wake)
@@ -211,6 +224,8 @@ class DaemonServer:
         while not self._stopping.is_set():
             events = dict(poller.poll(_POLL_MS))
             self._replies.sweep()
+            if self._shm is not None:
+                self._shm.sweep()
             if self._peers is not None and self._peers.socket in events:
                 self._metrics.peers.set(self._peers.handle().connected)
             if self._wake_in in events:
@@ -265,13 +280,17 @@ class DaemonServer:
     ) -> Reply | None:
         """The reply to a read, or None once a write is queued (answered on commit)."""
         keys = tuple(scoped_key(tenant, key) for key in request.keys)
+        if request.op in (Op.SHM_ATTACH, Op.SHM_FREE, Op.SHM_DETACH):
+            return self._shm_op(request)
+        if request.lease:
+            request = self._leased(request)
         if request.op is Op.PING:
             return PingReply(request.id, self._server)
         if request.op is Op.STATS:
             return self._stats(request, tenant)
         if request.op in (Op.EXISTS, Op.CONTAINS, Op.GET):
             job = ReadJob(identity.bytes, request, keys, tenant, start)
-            done = self._from_memory(job)
+            done = self._lent_from_memory(job) if request.lease else self._from_memory(job)
             if done is None:
                 self._submit_read(job)
             else:
@@ -280,7 +299,10 @@ class DaemonServer:
         self._admit_write(request, nbytes)
         assert self._writer is not None
         pending = _Pending(identity, request, start, nbytes)
-        write = WriteJob(request.op, keys, request.pages, pending, tenant, request.keys)
+        write = WriteJob(
+            request.op, keys, request.pages, pending, tenant, request.keys, bool(request.spans)
+        )
+        self._begin(request)
         self._writer.submit(write)
         self._in_flight += 1
         self._in_flight_bytes += nbytes
@@ -295,12 +317,51 @@ class DaemonServer:
         own = self._metrics.tenant_snapshot(tenant, self._store.tenant_size(tenant))
         return StatsReply(request.id, own)
 
+    def _shm_op(self, request: Request) -> Reply | None:
+        """SHM_ATTACH's reply (BAD_OP with shared memory off); SHM_FREE and SHM_DETACH
+        are not answered."""
+        shm = self._shm
+        if request.op is Op.SHM_ATTACH:
+            if shm is None:
+                raise ProtocolError(ErrorCode.BAD_OP, "shared memory is off (server.shm_bytes)")
+            grant = shm.attach(request.lease, request.put_bytes)
+            return ShmAttachReply(
+                request.id, grant.lease, shm.path, shm.size, grant.put, shm.expires_s
+            )
+        if shm is not None and request.op is Op.SHM_FREE:
+            shm.free(request.lease, request.spans)
+        elif shm is not None:
+            shm.detach(request.lease)
+        return None
+
+    def _leased(self, request: Request) -> Request:
+        """A GET or PUT through a lease (NO_LEASE if unknown): a PUT's records are views
+        of its put area, which the writer copies before checking them."""
+        if self._shm is None:
+            raise ProtocolError(ErrorCode.NO_LEASE, "shared memory is off (server.shm_bytes)")
+        if request.op is Op.PUT and request.spans:
+            pages = self._shm.put_records(request.lease, request.spans)
+            return dataclasses.replace(request, pages=pages)
+        self._shm.touch(request.lease)
+        return request
+
+    def _begin(self, request: Request) -> None:
+        """A queued request of a lease keeps it from being reclaimed until its reply."""
+        if request.lease and self._shm is not None:
+            self._shm.begin(request.lease)
+
+    def _end(self, request: Request) -> None:
+        if request.lease and self._shm is not None:
+            self._shm.end(request.lease)
+
     def _submit_read(self, job: ReadJob) -> None:
         """Queue a read for the readers; BUSY over the bound on reads waiting."""
         assert self._readers is not None
         if self._readers.stats().queued >= self._config.server.max_inflight_requests:
             raise ProtocolError(ErrorCode.BUSY, "too many reads queued; retry later")
+        self._begin(job.request)
         if not self._readers.submit(job):
+            self._end(job.request)
             raise ProtocolError(ErrorCode.BUSY, "the daemon is stopping")
         self._metrics.queued_reads.set(self._readers.stats().queued)
 
@@ -330,6 +391,21 @@ class DaemonServer:
         reply = GetReply(request.id, (True,) * len(records), tuple(records))
         return ReadDone(job, reply, sum(sizes))
 
+    def _lent_from_memory(self, job: ReadJob) -> ReadDone | None:
+        """``_from_memory`` for a GET through a lease (only GET and PUT name one): what the
+        memory tier holds in full is copied into slots lent to the lease here (a copy holds
+        the GIL on whichever thread makes it); None to queue the read for the readers (a
+        key not in memory, or no room in the slab)."""
+        assert self._shm is not None
+        records = self._store.cached(job.keys)
+        if records is None or sum(len(record) for record in records) > _SOCKET_COPY_BYTES:
+            return None
+        spans = self._shm.lend(job.request.lease, records)
+        if spans is None:
+            return None
+        self._metrics.looked_up(len(records), 0, 0)
+        return ReadDone(job, GetReply(job.request.id, (True,) * len(records), (), spans))
+
     def _serve_read(self, job: ReadJob) -> ReadDone:
         """Answer one GET, EXISTS or CONTAINS (on a reader thread)."""
         request = job.request
@@ -355,10 +431,24 @@ class DaemonServer:
         cap = min(room, self._limits.max_request_bytes)
         lookup = self._store.get(job.keys, job.request.keys, cap, job.tenant, self._pool)
         try:
-            return self._reply_of(job, lookup, room)
+            lent = self._lent_reply(job, lookup) if job.request.lease else None
+            return lent if lent is not None else self._reply_of(job, lookup, room)
         except BaseException:  # no reply will hold the pool's buffers: they come back now
             self._pool.give_back_all(self._pool.lent_out(lookup.records))
             raise
+
+    def _lent_reply(self, job: ReadJob, lookup: Lookup) -> ReadDone | None:
+        """The GET reply through the job's lease: the records copied into slots lent to it
+        (the pool's buffers come back at once); None when the slab has no room for them."""
+        assert self._shm is not None
+        hits = [record for record in lookup.records if record is not None]
+        spans = self._shm.lend(job.request.lease, hits)
+        if spans is None:
+            return None
+        self._pool.give_back_all(self._pool.lent_out(lookup.records))
+        self._metrics.looked_up(lookup.memory_hits, lookup.store_hits, len(job.keys) - len(hits))
+        found = tuple(record is not None for record in lookup.records)
+        return ReadDone(job, GetReply(job.request.id, found, (), spans))
 
     def _reply_of(self, job: ReadJob, lookup: Lookup, room: int) -> ReadDone:
         """The GET reply of what the store read, within the reply budget's ``room``."""
@@ -405,6 +495,7 @@ class DaemonServer:
             if read.failed:
                 self._metrics.read_failures.inc()
             self._send(job.peer, read.reply, job.start, job.request.op, read.claimed, read.buffers)
+            self._end(job.request)
         self._metrics.queued_reads.set(self._readers.stats().queued)
 
     def _finish_write(self, done: WriteDone) -> None:
@@ -424,6 +515,7 @@ class DaemonServer:
         else:
             reply = DeleteReply(request.id, done.deleted)
         self._send(pending.identity, reply, pending.start, request.op)
+        self._end(request)
 
     def _send(
         self,
@@ -486,6 +578,8 @@ class DaemonServer:
         if self._auth is not None:
             self._auth.stop()
         self._metrics.close()
+        if self._shm is not None:
+            self._shm.close()
         if finished:
             self._store.close()
         else:

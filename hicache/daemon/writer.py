@@ -25,6 +25,7 @@ class WriteJob(NamedTuple):
     token: object
     tenant: str | None = None  # picks the tenant's own store when it has a quota
     client_keys: tuple[bytes, ...] = ()  # PUT: each record's header and checksum must match
+    copy_first: bool = False  # PUT: records are views of shared memory, copied before the check
 
 
 class WriteDone(NamedTuple):
@@ -120,6 +121,8 @@ class Writer:
         """The jobs whose records pass their check; the others completed as malformed."""
         kept: list[WriteJob] = []
         for job in batch:
+            if job.copy_first:  # the client can still write there: check and keep a copy
+                job = job._replace(records=tuple(bytes(record) for record in job.records))
             bad = _bad_record(job) if job.op is Op.PUT else ""
             if bad:
                 self._done.put(WriteDone(job, error=bad, malformed=True))

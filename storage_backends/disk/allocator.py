@@ -1,12 +1,16 @@
-"""The slot allocator: free slots per class and segment tails, kept in the index.
+"""The slot allocator: free extents and segment tails, kept in the index.
 
 Everything here runs inside one LMDB write transaction, so allocation is atomic
-and shared by every process on the store. A slot is taken from its class's free
-list, else bumped from a segment's tail; ``allocated`` (the sum of the tails)
-never exceeds ``max_bytes`` by more than the slot being taken. A freed slot goes
-back to its class; a free run that
-reaches a segment's tail lowers the tail, so that space left by one page size
-can serve another once the pages in front of it are gone too.
+and shared by every process on the store. Free space is a set of extents (segment,
+offset, length) of no size class: a freed slot merges with the free extents on
+either side, so the space left by pages of one size serves pages of any other
+once enough of it lies together. A slot is cut from the smallest extent it fits
+(the start aligned to its class), else bumped from a segment's tail; ``allocated``
+(the sum of the tails) never exceeds ``max_bytes`` by more than the slot being
+taken. An extent that reaches its segment's tail is not kept: the tail comes down.
+
+Invariants: extents never overlap a slot in use or each other, no two touch (they
+would have merged) and none ends at its segment's tail.
 """
 
 from __future__ import annotations
@@ -17,11 +21,20 @@ from typing import NamedTuple
 
 import lmdb
 
-from storage_backends.disk.layout import CLASS_BYTES, Slot, SlotClass, SlotRun, round_up
+from storage_backends.disk.layout import (
+    SLOT_BYTES,
+    SLOT_STRUCT,
+    Slot,
+    SlotClass,
+    SlotRun,
+    round_up,
+)
 
 TAIL_PREFIX = b"tail:"
 _ALLOCATED = b"allocated"
-_FILLER_ALIGN = 1  # class of an alignment gap: never handed out, only trimmed
+FREE_FORMAT = b"free_format"  # meta: 2 once free space is kept as extents
+EXTENTS = 2
+_LEGACY_FREE_VALUE = 6  # the first format's free value: a slot class (stride, align)
 
 
 def u64(value: int) -> bytes:
@@ -32,8 +45,24 @@ def from_u64(raw: bytes | memoryview | None) -> int:
     return int.from_bytes(raw, "big") if raw is not None else 0
 
 
-def _end(run: SlotRun, cls: SlotClass) -> int:
-    return run.offset + run.n_slots * cls.stride
+class Extent(NamedTuple):
+    """Free bytes ``[offset, offset + length)`` of one segment."""
+
+    segment: int
+    offset: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    def key(self) -> bytes:
+        """Its key in the ``free`` table: where it starts."""
+        return SLOT_STRUCT.pack(self.segment, self.offset)
+
+    def size_key(self) -> bytes:
+        """Its key in the by-size table: length, then where it starts."""
+        return u64(self.length) + SLOT_STRUCT.pack(self.segment, self.offset)
 
 
 def _candidates(tails: dict[int, int]) -> Iterator[int]:
@@ -47,9 +76,15 @@ def _candidates(tails: dict[int, int]) -> Iterator[int]:
 
 
 class FreeDbs(NamedTuple):
-    free: lmdb._Database  # Slot -> SlotClass
-    by_class: lmdb._Database  # SlotClass + Slot -> b""
-    meta: lmdb._Database  # tails and the allocated total
+    free: lmdb._Database  # extent start (Slot) -> u64 length
+    by_size: lmdb._Database  # u64 length + extent start -> b"" (smallest first)
+    meta: lmdb._Database  # tails, the allocated total, the free format
+
+
+class _Fit(NamedTuple):
+    extent: Extent
+    gap: int  # bytes before the first aligned slot
+    slots: int
 
 
 class Allocator:
@@ -70,33 +105,46 @@ class Allocator:
         self._changed: set[int] = set()
 
     def take(self, cls: SlotClass, count: int) -> list[SlotRun]:
-        """Up to ``count`` slots of ``cls`` as runs of adjacent slots: free ones first (in
-        slot order), then runs bumped from segment tails, stopping where more would
-        allocate beyond ``max_bytes`` plus one slot."""
-        runs = self._pop_free(cls, count)
+        """Up to ``count`` slots of ``cls`` as runs of adjacent slots: cut from free extents
+        first (smallest fitting first), then bumped from segment tails, stopping where
+        more would allocate beyond ``max_bytes`` plus one slot."""
+        runs = self._cut(cls, count)
         taken = sum(run.n_slots for run in runs)
         if taken < count and cls.stride <= self._segment_bytes:
             runs += self._bump(cls, count - taken)
         return runs
 
-    def _pop_free(self, cls: SlotClass, count: int) -> list[SlotRun]:
-        prefix = cls.pack()
-        cursor = self._txn.cursor(db=self._dbs.by_class)
+    def _fits(self, cls: SlotClass, count: int) -> list[_Fit]:
+        """Extents that hold slots of ``cls``, smallest first, until ``count`` slots."""
+        fits: list[_Fit] = []
+        cursor = self._txn.cursor(db=self._dbs.by_size)
+        if not cursor.set_range(u64(cls.stride)):
+            return fits
+        found = 0
+        for raw in cursor.iternext(values=False):
+            start = Slot.unpack(bytes(raw[8:]))
+            extent = Extent(start.segment, start.offset, from_u64(raw[:8]))
+            gap = round_up(extent.offset, cls.align) - extent.offset
+            slots = max(0, extent.length - gap) // cls.stride
+            if slots:
+                fits.append(_Fit(extent, gap, slots))
+                found += slots
+                if found >= count:
+                    break
+        return fits
+
+    def _cut(self, cls: SlotClass, count: int) -> list[SlotRun]:
         runs: list[SlotRun] = []
-        if not cursor.set_range(prefix):
-            return runs
-        taken = 0
-        while taken < count and bytes(cursor.key()).startswith(prefix):
-            slot = Slot.unpack(bytes(cursor.key())[CLASS_BYTES:])
-            self._txn.delete(slot.pack(), db=self._dbs.free)
-            taken += 1
-            last = runs[-1] if runs else None
-            if last and last.segment == slot.segment and _end(last, cls) == slot.offset:
-                runs[-1] = last._replace(n_slots=last.n_slots + 1)
-            else:
-                runs.append(SlotRun(slot.segment, slot.offset, 1))
-            if not cursor.delete():  # moves to the next entry; False at the end
-                break
+        for fit in self._fits(cls, count):
+            extent, n = fit.extent, min(fit.slots, count)
+            start = extent.offset + fit.gap
+            end = start + n * cls.stride
+            left = [Extent(extent.segment, extent.offset, fit.gap)] if fit.gap else []
+            if end < extent.end:
+                left.append(Extent(extent.segment, end, extent.end - end))
+            self._replace([extent], left)
+            runs.append(SlotRun(extent.segment, start, n))
+            count -= n
         return runs
 
     def _tail_map(self) -> dict[int, int]:
@@ -131,8 +179,8 @@ class Allocator:
                 if room < cls.stride:
                     break  # the store is allocated up to max_bytes
                 continue
-            if start > tail:  # the alignment gap is free space of its own (trimmed later)
-                self._add_free(Slot(segment, tail), SlotClass(start - tail, _FILLER_ALIGN))
+            if start > tail:  # the alignment gap is free space (nothing free ends at a tail)
+                self._add_extent(Extent(segment, tail, start - tail))
             runs.append(SlotRun(segment, start, fit))
             self._set_tail(segment, start + fit * cls.stride)
             self.allocated += start + fit * cls.stride - tail
@@ -141,32 +189,96 @@ class Allocator:
                 break
         return runs
 
-    def _add_free(self, slot: Slot, cls: SlotClass) -> None:
-        self._txn.put(slot.pack(), cls.pack(), db=self._dbs.free)
-        self._txn.put(cls.pack() + slot.pack(), b"", db=self._dbs.by_class)
+    def _add_extent(self, extent: Extent) -> None:
+        self._replace([], [extent])
 
-    def release(self, slot: Slot, cls: SlotClass) -> None:
-        """Give a slot back; if it ends at its segment's tail, lower the tail."""
-        old_tail = self._tail(slot.segment)
-        if slot.offset + cls.stride != old_tail:
-            self._add_free(slot, cls)
-            return
-        tail = slot.offset
+    def _replace(self, old: list[Extent], new: list[Extent]) -> None:
+        """Free extents ``old`` become ``new``: the new entries go in first and an old
+        entry is deleted only if no new one has its key, so that a table is never
+        emptied on the way (LMDB would free its root page and take another, a page a
+        release, which the index file keeps)."""
+        put, delete, dbs = self._txn.put, self._txn.delete, self._dbs
+        for extent in new:
+            put(extent.key(), u64(extent.length), db=dbs.free)
+            put(extent.size_key(), b"", db=dbs.by_size)
+        for extent in old:
+            if not any(e.offset == extent.offset and e.segment == extent.segment for e in new):
+                delete(extent.key(), db=dbs.free)
+            if extent not in new:
+                delete(extent.size_key(), db=dbs.by_size)
+
+    def _at(self, cursor: lmdb.Cursor, segment: int) -> Extent | None:
+        """The extent under ``cursor`` if it lies in ``segment``."""
+        at, offset = SLOT_STRUCT.unpack(cursor.key())
+        return Extent(at, offset, from_u64(cursor.value())) if at == segment else None
+
+    def _extent_before(self, slot: Slot) -> Extent | None:
+        """The free extent that starts last before ``slot`` in its segment."""
+        return self._neighbours(slot)[0]
+
+    def _neighbours(self, slot: Slot) -> tuple[Extent | None, Extent | None]:
+        """(the free extent that starts last before ``slot``, the first one at or after
+        it), in its segment: one cursor, one seek."""
         cursor = self._txn.cursor(db=self._dbs.free)
-        while tail > 0:
-            # The free slot just before the tail, if it ends there, goes too.
-            found = cursor.set_range(Slot(slot.segment, tail).pack())
-            if not (cursor.prev() if found else cursor.last()):
+        found = cursor.set_range(SLOT_STRUCT.pack(*slot))
+        after = self._at(cursor, slot.segment) if found else None
+        moved = cursor.prev() if found else cursor.last()
+        before = self._at(cursor, slot.segment) if moved else None
+        return before, after
+
+    def release(self, slot: Slot, cls: SlotClass) -> bool:
+        """Give a slot back, merged with the free extents that touch it; lower the tail if
+        the merged extent reaches it. False (nothing changed) for a slot that is not in
+        use by the allocator's account: past its segment's tail, or overlapping free
+        space (a double release)."""
+        start, end, tail = slot.offset, slot.offset + cls.stride, self._tail(slot.segment)
+        if end > tail:
+            return False
+        before, after = self._neighbours(slot)
+        if (after and after.offset < end) or (before and before.end > start):
+            return False
+        merged = [e for e in (before, after) if e and (e.end == start or e.offset == end)]
+        start = min([start] + [e.offset for e in merged])
+        end = max([end] + [e.end for e in merged])
+        if end != tail:
+            self._replace(merged, [Extent(slot.segment, start, end - start)])
+            return True
+        self._replace(merged, [])
+        while (below := self._extent_before(Slot(slot.segment, start))) and below.end == start:
+            self._replace([below], [])  # a store of the first format: free slots not merged
+            start = below.offset
+        self.allocated -= tail - start
+        self._set_tail(slot.segment, start)
+        return True
+
+    def largest(self, limit: int) -> list[Extent]:
+        """Up to ``limit`` free extents, largest first."""
+        cursor = self._txn.cursor(db=self._dbs.by_size)
+        extents: list[Extent] = []
+        if limit < 1 or not cursor.last():
+            return extents
+        for raw in cursor.iterprev(values=False):
+            start = Slot.unpack(bytes(raw[8:]))
+            extents.append(Extent(start.segment, start.offset, from_u64(raw[:8])))
+            if len(extents) == limit:
                 break
-            before = Slot.unpack(bytes(cursor.key()))
-            before_cls = SlotClass.unpack(bytes(cursor.value()))
-            if before.segment != slot.segment or before.offset + before_cls.stride != tail:
-                break
-            cursor.delete()
-            self._txn.delete(before_cls.pack() + before.pack(), db=self._dbs.by_class)
-            tail = before.offset
-        self.allocated -= old_tail - tail
-        self._set_tail(slot.segment, tail)
+        return extents
+
+    def upgrade(self) -> int:
+        """Turn the first format's free slots (slot -> class, listed per class) into
+        extents, once; return how many slots were converted."""
+        if from_u64(self._txn.get(FREE_FORMAT, db=self._dbs.meta)) == EXTENTS:
+            return 0
+        legacy: list[tuple[Slot, SlotClass]] = []
+        for key, value in self._txn.cursor(db=self._dbs.free):
+            if len(value) == _LEGACY_FREE_VALUE and len(key) == SLOT_BYTES:
+                legacy.append((Slot.unpack(bytes(key)), SlotClass.unpack(bytes(value))))
+        self._txn.drop(self._dbs.free, delete=False)
+        self._txn.drop(self._dbs.by_size, delete=False)
+        for slot, cls in legacy:
+            self.release(slot, cls)
+        self._txn.put(FREE_FORMAT, u64(EXTENTS), db=self._dbs.meta)
+        return len(legacy)
 
     def finish(self) -> None:
         self._txn.put(_ALLOCATED, u64(self.allocated), db=self._dbs.meta)

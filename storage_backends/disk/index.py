@@ -3,12 +3,13 @@
 Sub-databases (small values only): ``pages`` (key -> ``Location``), ``lru``
 (8-byte big-endian stamp -> key, so a cursor's first entry is the least recently
 used), ``meta`` (format version, fingerprint, bytes used: header + payload of every
-page, as the other backends count; segment tails),
-``free``/``free_class`` (the allocator's free slots) and ``pending`` (owner (pid,
-batch) -> slots reserved by a put of an earlier version of this store, which
-committed a reservation before writing; a crash left them there, and they are
-reclaimed once their process is gone. Puts now write inside their one
-transaction and leave nothing here).
+page, as the other backends count; segment tails, the allocated total),
+``free``/``free_class`` (the allocator's free extents: start -> length, and by
+length; the second name is from when free slots were listed per size class) and
+``pending`` (owner (pid, batch) -> slots reserved by a put of an earlier version
+of this store, which committed a reservation before writing; a crash left them
+there, and they are reclaimed once their process is gone. Puts now write inside
+their one transaction and leave nothing here).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -23,7 +25,7 @@ from typing import NamedTuple
 import lmdb
 
 from storage_backends.config import StorageConfig
-from storage_backends.disk.allocator import Allocator, FreeDbs, from_u64, u64
+from storage_backends.disk.allocator import Allocator, Extent, FreeDbs, from_u64, u64
 from storage_backends.disk.layout import (
     LOCATION_STRUCT,
     PACK,
@@ -32,6 +34,7 @@ from storage_backends.disk.layout import (
     SlotClass,
     SlotRun,
 )
+from storage_backends.disk.room import KeyReader, Room, no_reader
 from storage_backends.errors import StorageOpenError, StoreDamagedError
 from storage_backends.lmdb_env import DAMAGE_ERRORS, open_env, raise_if_damage
 from storage_backends.page_format import HEADER_BYTES
@@ -71,11 +74,25 @@ def map_size(config: StorageConfig) -> int:
 
 class Located(NamedTuple):
     """A batch's raw index values (None: absent), with the newest recency stamp and the
-    number of pages when they were read."""
+    number of pages (read after this process's last index write, at most
+    ``RECENCY_HINT_S`` before: another process's writes may not be counted yet)."""
 
     values: list[bytes | None]
     newest_stamp: int
     entries: int
+
+
+class _Recency(NamedTuple):
+    newest_stamp: int
+    entries: int
+    read_at: float  # time.monotonic()
+
+
+# How long the newest stamp and page count read for one get serve the next ones: a get
+# reads them from the index only when this process wrote since or they are older than
+# this (reading them costs more than a 64 KiB page's checksum; they only decide whether
+# a hit queues a recency touch, so another process's writes may be missed this long).
+RECENCY_HINT_S = 0.1
 
 
 class Reserved(NamedTuple):
@@ -196,26 +213,59 @@ class IndexWriter:
         cursor = self._txn.cursor(db=self._dbs.lru)
         while cursor.first():
             key = bytes(cursor.value())
-            if self.remove(key):
-                self.evictions += 1
+            if self.evict(key):
                 return True
             cursor.delete()  # a stamp without a page: drop it so the loop advances
         return False
 
-    def reserve(self, cls: SlotClass, count: int, record_bytes: int) -> list[SlotRun]:
+    def oldest(self) -> Location | None:
+        """The least recently used page's location (None: no page, or a damaged entry)."""
+        cursor = self._txn.cursor(db=self._dbs.lru)
+        return self.location(bytes(cursor.value())) if cursor.first() else None
+
+    def evict(self, key: bytes) -> bool:
+        """``remove``, counted as an eviction."""
+        if not self.remove(key):
+            return False
+        self.evictions += 1
+        return True
+
+    def holds(self, key: bytes, slot: Slot) -> bool:
+        """Whether the index puts ``key``'s record at ``slot``."""
+        loc = self.location(key)
+        return loc is not None and loc.slot == slot
+
+    def largest_free(self, limit: int) -> list[Extent]:
+        return self.alloc.largest(limit)
+
+    def reserve(
+        self, cls: SlotClass, count: int, record_bytes: int, read_key: KeyReader = no_reader
+    ) -> list[SlotRun]:
         """Up to ``count`` slots of ``cls`` (as runs) for records of ``record_bytes`` in
-        all, evicting least recently used pages until records and slots fit ``max_bytes``."""
+        all, evicting least recently used pages until the records fit ``max_bytes``, then
+        pages that stand in the way of a free extent large enough for the slots
+        (``room``; ``read_key`` reads the key of the record at a slot)."""
         while self.bytes_used + self.reserved + record_bytes > self._max_bytes:
             if not self.evict_one():
                 break
         runs = self.alloc.take(cls, count)
         taken = sum(run.n_slots for run in runs)
-        while taken < count and self.evict_one():
+        room = Room(self, cls, read_key)
+        while taken < count and room.make():
             more = self.alloc.take(cls, count - taken)
             runs += more
             taken += sum(run.n_slots for run in more)
         self.reserved += record_bytes * taken // count
         return runs
+
+    def unreserve(self, taken: Sequence[tuple[SlotClass, list[SlotRun]]]) -> None:
+        """Give back every slot ``reserve`` handed out in this transaction (``taken``: all
+        of them, per class)."""
+        for cls, runs in taken:
+            for run in runs:
+                for slot in run.slots(cls.stride):
+                    self.alloc.release(slot, cls)
+        self.reserved = 0
 
     def insert_run(
         self, run: SlotRun, cls: SlotClass, keys: Sequence[bytes], lengths: Sequence[int]
@@ -278,6 +328,7 @@ class DiskIndex:
         self.path = path
         self._config = config
         self.damaged = False  # a transaction met structural damage: never marked clean
+        self._recency: _Recency | None = None  # see RECENCY_HINT_S; None: read it anew
         try:
             path.mkdir(exist_ok=True)
         except OSError as exc:
@@ -289,6 +340,7 @@ class DiskIndex:
             self._env.reader_check()  # reader slots of processes killed while reading
             self.dbs = IndexDbs(*(self._env.open_db(name) for name in DB_NAMES))
             self.segment_bytes = self._init_meta()
+            self._upgrade_free()
         except lmdb.Error as exc:
             self._env.close()
             raise_if_damage(exc, f"{_WHAT} {path}")
@@ -316,6 +368,14 @@ class DiskIndex:
                 txn.put(META_BYTES_USED, u64(0))
         return segment_bytes
 
+    def _upgrade_free(self) -> None:
+        """Free slots of a store of the first format become extents (once)."""
+        with self._env.begin(write=True, buffers=True) as txn:
+            dbs = FreeDbs(self.dbs.free, self.dbs.free_class, self.dbs.meta)
+            alloc = Allocator(txn, dbs, self.segment_bytes, self._config.max_bytes)
+            if alloc.upgrade():
+                alloc.finish()
+
     @contextlib.contextmanager
     def reading(self) -> Iterator[lmdb.Transaction]:
         """A read transaction whose structural failures raise StoreDamagedError."""
@@ -338,6 +398,8 @@ class DiskIndex:
         except lmdb.Error as exc:
             self._note_damage(exc)
             raise
+        finally:
+            self._recency = None  # stamps and entries may have changed
 
     def _note_damage(self, exc: lmdb.Error) -> None:
         """StoreDamagedError for structural damage (remembered); else nothing."""
@@ -346,19 +408,24 @@ class DiskIndex:
             raise_if_damage(exc, f"{_WHAT} {self.path}")
 
     def raw_locations(self, keys: Sequence[bytes]) -> Located:
-        """Each key's index value as stored (None: absent), the newest recency stamp and
-        the page count, in one read transaction (the get path unpacks the values itself,
-        ``read_plan``, and leaves young pages' recency alone)."""
+        """Each key's index value as stored (None: absent), in one read transaction, with
+        the newest recency stamp and the page count (``Located``; the get path unpacks
+        the values itself, ``read_plan``, and leaves young pages' recency alone)."""
         try:
             with self._env.begin(db=self.dbs.pages) as txn:
-                get = txn.get
-                values = [get(key) for key in keys]
-                cursor = txn.cursor(db=self.dbs.lru)
-                newest = from_u64(cursor.key()) if cursor.last() else 0
-                return Located(values, newest, txn.stat(self.dbs.pages)["entries"])
+                values = list(map(txn.get, keys))
+                recency = self._recency
+                if recency is None or time.monotonic() - recency.read_at > RECENCY_HINT_S:
+                    recency = self._recency = self._read_recency(txn)
+                return Located(values, recency.newest_stamp, recency.entries)
         except lmdb.Error as exc:
             self._note_damage(exc)
             raise
+
+    def _read_recency(self, txn: lmdb.Transaction) -> _Recency:
+        cursor = txn.cursor(db=self.dbs.lru)
+        newest = from_u64(cursor.key()) if cursor.last() else 0
+        return _Recency(newest, txn.stat(self.dbs.pages)["entries"], time.monotonic())
 
     def count_leading(self, keys: Sequence[bytes]) -> int:
         """How many leading keys the index holds (one read transaction)."""

@@ -1,9 +1,10 @@
 """Where a page record lives: slot classes, locations and the store directory's file names.
 
 A page record (``page_format``: header, then payload) takes one slot of its size
-class. A class is a stride and an alignment: records whose 4 KiB rounding costs at
-most ``_ROUND_4K_WASTE`` (pages of ~200 KiB and more) get 4 KiB-aligned slots, the
-others are packed at 64-byte granularity, so that a 4 KiB page takes 4,160 bytes
+class (free space between slots has no class: ``allocator``). A class is a stride
+and an alignment: records whose 4 KiB rounding costs at most ``_ROUND_4K_WASTE``
+(pages of ~200 KiB and more) get 4 KiB-aligned slots, the others are packed at
+64-byte granularity, so that a 4 KiB page takes 4,160 bytes
 (1.016x) and a 16 KiB one 16,448 (1.004x) instead of 8 and 20 KiB. With O_DIRECT
 every slot is 4 KiB-aligned (the kernel's rule), whatever it costs in space.
 """
@@ -28,7 +29,8 @@ OWNERS_LOCK = "owners.lock"  # every process holding the store open has a shared
 
 
 class SlotClass(NamedTuple):
-    """Slots of one stride and alignment; freed slots are reused only within their class."""
+    """Slots of one stride and alignment (what a page of a given size takes; freed
+    space has no class, ``allocator``)."""
 
     stride: int
     align: int
@@ -77,6 +79,7 @@ class Slot(NamedTuple):
 
 _SLOT = struct.Struct(">IQ")
 SLOT_BYTES = _SLOT.size
+SLOT_STRUCT = _SLOT  # the packed form of a ``Slot``, for hot loops
 
 
 class SlotRun(NamedTuple):

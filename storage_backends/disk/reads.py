@@ -10,17 +10,25 @@ record) is a miss, and the key is dropped once a second read confirms the damage
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 
 import lmdb
 
 from storage_backends.batch import byte_view, check_batch, check_keys
+from storage_backends.disk.dest import Dest
 from storage_backends.disk.index import IndexWriter
-from storage_backends.disk.layout import Location
+from storage_backends.disk.layout import LOCATION_STRUCT, Location
 from storage_backends.disk.parts import DiskParts
-from storage_backends.disk.read_plan import GAP_MAX, IOV_MAX, ReadRun, plan_reads
-from storage_backends.disk.records import check_read, check_run
-from storage_backends.page_format import HEADER_BYTES, Verdict
+from storage_backends.disk.read_plan import GAP_MAX, IOV_MAX, ReadPlan, ReadRun, plan_reads
+from storage_backends.disk.records import check_read, check_run, checksums, digest
+from storage_backends.page_format import (
+    FORMAT_VERSION,
+    HEADER_BYTES,
+    HEADER_STRUCT,
+    MAGIC,
+    Verdict,
+)
 from storage_backends.recency import FLUSH_AT
 from storage_backends.trusted_records import check_record_buffers
 
@@ -62,16 +70,16 @@ class DiskReads:
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         views = check_batch(keys, dst, writable=True)
-        return self._read(keys, [[view] for view in views], [len(view) for view in views], 1)
+        return self._read(keys, Dest.flat(views), list(map(len, views)))
 
     def get_records(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         """Read each key's whole record (header + payload) into ``dst[i]``, whose length
         must be the record's (``HEADER_BYTES`` + the stored payload length, else a miss).
         Checked as ``get`` checks; a hit's header is the stored one (the store's key)."""
         views = check_record_buffers(keys, dst)
-        payloads = [[view[HEADER_BYTES:]] for view in views]
+        payloads = [view[HEADER_BYTES:] for view in views]
         heads = [view[:HEADER_BYTES] for view in views]
-        return self._read(keys, payloads, [len(view) - HEADER_BYTES for view in views], 1, heads)
+        return self._read(keys, Dest.flat(payloads), list(map(len, payloads)), heads)
 
     def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
         """Read each key's payload into the runs ``dst[i]``, in order (their lengths must
@@ -80,88 +88,153 @@ class DiskReads:
             raise ValueError(f"got {len(keys)} keys but {len(dst)} destinations")
         check_keys(keys)
         runs = [[byte_view(run, writable=True) for run in runs] for runs in dst]
-        lengths = [sum(map(len, page)) for page in runs]
-        return self._read(keys, runs, lengths, max(map(len, runs), default=1))
+        return self._read(keys, Dest.scatter(runs), [sum(map(len, page)) for page in runs])
 
     def _read(
         self,
         keys: Sequence[bytes],
-        dst: list[list[memoryview]],
+        dest: Dest,
         lengths: list[int],
-        width: int,
         heads: list[memoryview] | None = None,
     ) -> list[bool]:
-        """The batch's hits; ``width``: the most buffers a page's destination has;
-        ``heads``: where each intact record's header is copied (None: nowhere)."""
+        """The batch's hits; ``heads``: where each hit's header is copied (None: nowhere)."""
+        if len(keys) < 2:
+            if not keys:
+                return []
+            head = heads[0] if heads is not None else None
+            return [self._read_page(keys[0], dest.pages()[0], lengths[0], head)]
         ctx = self._ctx
         located = ctx.index.raw_locations(keys)
-        raws = located.values
         threads, total = ctx.pool.threads, sum(lengths)
         parts = 1 if threads == 1 else max(1, min(threads, total // SPLIT_BYTES))
         per_run = RUN_BYTES * len(keys) // total if total else len(keys)  # by mean page size
-        max_run = min(IOV_MAX // (width + 2), -(-len(keys) // parts), per_run)
+        max_run = min(IOV_MAX // (dest.width + 2), -(-len(keys) // parts), per_run)
         young_from = located.newest_stamp + 1 - located.entries // YOUNG_SHARE
-        plan = plan_reads(raws, lengths, max(1, max_run), young_from)
-        outcomes = ctx.pool.map(lambda run: self._read_run(run, keys, dst, heads), plan.runs, parts)
-        hits = [False] * len(keys)
-        damaged: list[tuple[bytes, Location | None]] = [(keys[p], None) for p in plan.damaged]
-        for run, intact in zip(plan.runs, outcomes, strict=True):
-            for pos, ok in zip(run.positions, intact, strict=True):
-                hits[pos] = ok
-                if not ok:
-                    damaged.append((keys[pos], Location.unpack(raws[pos] or b"")))
+        plan = plan_reads(located.values, lengths, max(1, max_run), young_from)
+        outcomes = ctx.pool.map(
+            lambda run: self._read_run(run, keys, dest, heads), plan.runs, parts
+        )
+        hits, damaged = self._tally(keys, located.values, plan, outcomes)
         corrupt = self._drop_damaged(damaged) if damaged else 0
-        n_hits = sum(hits)
+        n_hits = hits.count(True)
         ctx.counters.record_get(n_hits, len(keys) - n_hits, corrupt)
         if plan.aging:
             self._touch([keys[pos] for pos in plan.aging if hits[pos]])
         return hits
 
-    def _read_run(
+    def _read_page(
+        self, key: bytes, runs: list[memoryview], length: int, head: memoryview | None
+    ) -> bool:
+        """``_read`` of a batch of one page, with the same outcomes (hit, miss, damage,
+        touch) in fewer steps: no plan, no run, no pool (they were about a third of a
+        one-page get's CPU)."""
+        ctx = self._ctx
+        located = ctx.index.raw_locations((key,))
+        raw, ok, corrupt = located.values[0], False, 0
+        if raw is not None and len(raw) != LOCATION_STRUCT.size:
+            corrupt = self._drop_damaged([(key, None)])
+        elif raw is not None:
+            segment, offset, _stride, _align, payload_len, stamp = LOCATION_STRUCT.unpack(raw)
+            if payload_len == length:
+                ok = self._read_record(key, segment, offset, runs, head)
+                if not ok:
+                    corrupt = self._drop_damaged([(key, Location.unpack(raw))])
+                elif stamp < located.newest_stamp + 1 - located.entries // YOUNG_SHARE:
+                    self._touch([key])
+        ctx.counters.record_get(int(ok), int(not ok), corrupt)
+        return ok
+
+    def _read_record(
         self,
-        run: ReadRun,
-        keys: Sequence[bytes],
-        dst: list[list[memoryview]],
-        heads: list[memoryview] | None,
+        key: bytes,
+        segment: int,
+        offset: int,
+        runs: list[memoryview],
+        head: memoryview | None = None,
+    ) -> bool:
+        """Whether the record at ``offset`` was read whole into ``runs`` and is intact
+        (its header then copied to ``head``, when given)."""
+        header = bytearray(HEADER_BYTES)
+        try:
+            got = self._ctx.segments.read(segment, offset, [header, *runs])
+        except OSError as exc:
+            self._ctx.log.failure("disk store read failed; reported as a damaged page", exc)
+            return False
+        length = got - HEADER_BYTES
+        if length != sum(map(len, runs)):
+            return False  # the file ends inside the record
+        intact = header == HEADER_STRUCT.pack(MAGIC, FORMAT_VERSION, 0, key, length, digest(runs))
+        if intact and head is not None:
+            head[:] = header
+        return intact
+
+    @staticmethod
+    def _tally(
+        keys: Sequence[bytes], raws: list[bytes | None], plan: ReadPlan, outcomes: list[list[bool]]
+    ) -> tuple[list[bool], list[tuple[bytes, Location | None]]]:
+        """Each position's hit, and the pages found damaged (with where they were read)."""
+        hits = [False] * len(keys)
+        damaged: list[tuple[bytes, Location | None]] = [(keys[p], None) for p in plan.damaged]
+        for run, intact in zip(plan.runs, outcomes, strict=True):
+            if run.uniform:
+                hits[run.positions[0] : run.positions[-1] + 1] = intact
+            else:
+                for pos, ok in zip(run.positions, intact, strict=True):
+                    hits[pos] = ok
+            if False in intact:
+                for pos, ok in zip(run.positions, intact, strict=True):
+                    if not ok:
+                        damaged.append((keys[pos], Location.unpack(raws[pos] or b"")))
+        return hits, damaged
+
+    def _read_run(
+        self, run: ReadRun, keys: Sequence[bytes], dest: Dest, to: list[memoryview] | None
     ) -> list[bool]:
         """Read a run's records with one ``preadv``; whether each is intact (an intact
-        record's header copied to ``heads``, when given)."""
-        headers = bytearray(HEADER_BYTES * len(run.positions))
-        views = memoryview(headers)
-        iov: list[memoryview] = []
-        for k, pos in enumerate(run.positions):
-            iov.append(views[k * HEADER_BYTES : (k + 1) * HEADER_BYTES])
-            iov += dst[pos]
-            if k < len(run.gaps) and run.gaps[k]:
-                iov.append(_GAP[: run.gaps[k]])
-        want = len(headers) + sum(run.payload_lens) + sum(run.gaps)
+        record's header copied to ``to``, when given)."""
+        m = len(run.positions)
+        if m == 1:  # large pages: a run each
+            pos = run.positions[0]
+            head = to[pos] if to is not None else None
+            return [self._read_record(keys[pos], run.segment, run.offset, dest.page(pos), head)]
+        headers, heads = _scratch(m)
+        columns: list[list[memoryview]] | None = None
+        pages: list[list[memoryview]] = []
+        if run.uniform and dest.columns:  # laid out by slicing
+            start = run.positions[0]
+            columns = dest.span(start, start + m)
+            iov = _interleave(heads[:m], columns, run.gaps[0] if run.gaps else 0)
+            run_keys = keys[start : start + m]
+        else:
+            every = dest.pages()
+            pages = [every[pos] for pos in run.positions]
+            iov = _chain(heads, pages, run.gaps)
+            run_keys = [keys[pos] for pos in run.positions]
+        want = HEADER_BYTES * m + sum(run.payload_lens) + sum(run.gaps)
         try:
             got = self._ctx.segments.read(run.segment, run.offset, iov)
         except OSError as exc:
             self._ctx.log.failure("disk store read failed; reported as a damaged page", exc)
-            return [False] * len(run.positions)
+            return [False] * m
         if got != want:  # the file ends inside the run: each record on its own
-            return self._read_each(run, keys, dst, heads)
-        intact = check_run(headers, keys, run.positions, run.payload_lens, dst)
-        if heads is not None:
+            return self._read_each(run, keys, dest, to)
+        sums = checksums(columns) if columns is not None else list(map(digest, pages))
+        intact = check_run(headers, run_keys, run.payload_lens, sums)
+        if to is not None:
             for k, (pos, ok) in enumerate(zip(run.positions, intact, strict=True)):
                 if ok:
-                    heads[pos][:] = views[k * HEADER_BYTES : (k + 1) * HEADER_BYTES]
+                    to[pos][:] = heads[k]
         return intact
 
     def _read_each(
-        self,
-        run: ReadRun,
-        keys: Sequence[bytes],
-        dst: list[list[memoryview]],
-        heads: list[memoryview] | None,
+        self, run: ReadRun, keys: Sequence[bytes], dest: Dest, to: list[memoryview] | None
     ) -> list[bool]:
         """A run's records read and checked one by one."""
         out: list[bool] = []
-        offset = run.offset
+        offset, pages = run.offset, dest.pages()
         for k, pos in enumerate(run.positions):
-            head = heads[pos] if heads is not None else None
-            verdict = self._read_one(keys[pos], run.segment, offset, dst[pos], head)
+            head = to[pos] if to is not None else None
+            verdict = self._read_one(keys[pos], run.segment, offset, pages[pos], head)
             out.append(verdict is Verdict.OK)
             offset += HEADER_BYTES + run.payload_lens[k] + (run.gaps[k] if k < len(run.gaps) else 0)
         return out
@@ -223,3 +296,50 @@ class DiskReads:
                 logger.exception("dropped recency updates")
             finally:
                 ctx.write_lock.release()
+
+
+_local = threading.local()  # each thread's header buffers (a run's headers are read there)
+
+
+def _scratch(members: int) -> tuple[bytearray, list[memoryview]]:
+    """This thread's header buffer and views of its ``HEADER_BYTES`` parts, at least
+    ``members`` of them (kept: a run's header views cost a slice each to make)."""
+    kept: tuple[bytearray, list[memoryview]] | None = getattr(_local, "headers", None)
+    if kept is not None and len(kept[1]) >= members:
+        return kept
+    count = max(members, 64)
+    headers = bytearray(HEADER_BYTES * count)
+    whole = memoryview(headers)
+    heads = [whole[k * HEADER_BYTES : (k + 1) * HEADER_BYTES] for k in range(count)]
+    _local.headers = (headers, heads)
+    return headers, heads
+
+
+def _interleave(
+    heads: list[memoryview], columns: list[list[memoryview]], gap: int
+) -> list[memoryview]:
+    """The iovec of a uniform run: per member its header, its runs (``columns[j][k]``)
+    and, but after the last, ``gap`` bytes of skipped file; built by slice assignment."""
+    members = len(heads)
+    step = len(columns) + 1 + (1 if gap else 0)
+    iov = [_GAP] * (step * members)
+    iov[0::step] = heads
+    for j, column in enumerate(columns, 1):
+        iov[j::step] = column
+    if gap:
+        iov[step - 1 :: step] = [_GAP[:gap]] * members
+        iov.pop()
+    return iov
+
+
+def _chain(
+    heads: list[memoryview], pages: list[list[memoryview]], gaps: list[int]
+) -> list[memoryview]:
+    """The iovec of any run: member k's header, its runs, then ``gaps[k]`` skipped bytes."""
+    iov: list[memoryview] = []
+    for k, runs in enumerate(pages):
+        iov.append(heads[k])
+        iov += runs
+        if k < len(gaps) and gaps[k]:
+            iov.append(_GAP[: gaps[k]])
+    return iov

@@ -2,14 +2,16 @@
 over the runs (so the payload is never copied to be checked).
 
 ``check_run`` is the hot path: per record it builds the header the record must carry
-(the key asked for, the length read, the checksum of the bytes read) and compares it
-with the header read in one step. ``check_read`` says what is wrong with one record
-(the verdict), for the rare record that failed.
+(the key asked for, the length read, the checksum of the bytes read) and compares a
+run's headers with those read in one step, with no Python step per record.
+``check_read`` says what is wrong with one record (the verdict), for the rare record
+that failed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 
 import xxhash
 
@@ -34,22 +36,23 @@ def digest(runs: Sequence[memoryview]) -> int:
     return hasher.intdigest()
 
 
+def checksums(columns: Sequence[Sequence[memoryview]]) -> list[int]:
+    """xxh3_64 of each page whose runs are ``columns[j][k]`` (run j of page k)."""
+    if len(columns) == 1:
+        return list(map(xxhash.xxh3_64_intdigest, columns[0]))
+    return list(map(digest, zip(*columns, strict=True)))
+
+
 def check_run(
-    headers: bytearray,
-    keys: Sequence[bytes],
-    positions: Sequence[int],
-    payload_lens: Sequence[int],
-    dst: Sequence[Sequence[memoryview]],
+    headers: bytearray, keys: Sequence[bytes], payload_lens: Sequence[int], sums: Sequence[int]
 ) -> list[bool]:
     """Whether each record of a run read whole is intact: member k's header is at
-    ``k * HEADER_BYTES`` of ``headers``, its payload in ``dst[positions[k]]``."""
-    pack, one = HEADER_STRUCT.pack, xxhash.xxh3_64_intdigest
-    sums = [one(r[0]) if len(r) == 1 else digest(r) for r in map(dst.__getitem__, positions)]
-    want = [
-        pack(MAGIC, FORMAT_VERSION, 0, keys[pos], length, checksum)
-        for pos, length, checksum in zip(positions, payload_lens, sums, strict=True)
-    ]
-    if headers == b"".join(want):  # the common case: one comparison for the run
+    ``k * HEADER_BYTES`` of ``headers`` (which may go on beyond the run's), it was asked
+    for as ``keys[k]``, ``payload_lens[k]`` bytes of payload were read for it and they
+    hash to ``sums[k]``."""
+    fixed = repeat(MAGIC), repeat(FORMAT_VERSION), repeat(0)
+    want = list(map(HEADER_STRUCT.pack, *fixed, keys, payload_lens, sums))
+    if headers.startswith(b"".join(want)):  # the common case: one comparison for the run
         return [True] * len(want)
     return [headers.startswith(header, k * HEADER_BYTES) for k, header in enumerate(want)]
 

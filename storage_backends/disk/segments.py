@@ -20,10 +20,14 @@ from storage_backends.disk.layout import BLOCK, round_up, segment_name
 from storage_backends.errors import StorageOpenError
 
 _DIRECT = getattr(os, "O_DIRECT", 0)
-# Files grow by at least this much at a time (posix_fallocate), so that writes land in
-# allocated blocks and a full disk shows up as one failed put, not a torn record.
+# Files grow ahead of the writes (posix_fallocate), so that writes land in allocated
+# blocks and a full disk shows up as one failed put, not a torn record: by 1/64 of
+# their size, at least 1 MiB and at most 64 MiB at a time. So a file holds at most
+# 1 MiB or 1.6% more than its records (doubling held up to 2x: 4,100 pages of 4 KiB
+# took a 32 MiB file), for about one call per 4 MiB written.
 _GROW_STEP = 64 << 20
 _MIN_GROW = 1 << 20
+_GROW_SHARE = 64
 
 
 class SegmentFiles:
@@ -65,7 +69,7 @@ class SegmentFiles:
         fd = self._fd(segment, create=True)
         size = os.fstat(fd).st_size
         if end > size:
-            step = min(max(size, _MIN_GROW), _GROW_STEP)  # doubling: small stores stay small
+            step = min(max(size // _GROW_SHARE, _MIN_GROW), _GROW_STEP)
             target = max(end, min(size + step, self._max_file_bytes))
             try:
                 os.posix_fallocate(fd, size, target - size)

@@ -26,8 +26,9 @@ from typing import NamedTuple
 import lmdb
 
 from storage_backends.disk.index import IndexWriter
-from storage_backends.disk.layout import SlotClass, SlotRun, slot_class
+from storage_backends.disk.layout import Slot, SlotClass, SlotRun, slot_class
 from storage_backends.disk.parts import DiskParts
+from storage_backends.disk.room import record_key
 from storage_backends.disk.runs import gap, spans
 from storage_backends.page_format import HEADER_BYTES, build_header
 from storage_backends.trusted_records import header_for
@@ -187,15 +188,34 @@ class DiskWrites:
     def _place(self, writer: IndexWriter, pages: list[_Page]) -> list[_Span]:
         """Slots for ``pages`` (taken per size class), as spans; pages left without a
         slot are not in any span (they fail)."""
+        groups = _groups(pages, self._ctx.config.direct_io)
+        taken = self._reserve(writer, groups)
+        if len(groups) > 1 and any(
+            sum(run.n_slots for run in runs) < len(group.pages)
+            for group, runs in zip(groups, taken, strict=True)
+        ):
+            # The slots of the batch's larger pages may split the space its evictions
+            # freed for the smaller ones: give them back (they merge with that space)
+            # and place the batch again.
+            writer.unreserve([(group.cls, runs) for group, runs in zip(groups, taken, strict=True)])
+            taken = self._reserve(writer, groups)
         placed: list[_Span] = []
-        for group in _groups(pages, self._ctx.config.direct_io):
-            records = HEADER_BYTES * len(group.pages) + sum(len(p.view) for p in group.pages)
-            runs = writer.reserve(group.cls, len(group.pages), records)
+        for group, runs in zip(groups, taken, strict=True):
             stride, threads = group.cls.stride, self._ctx.config.io_threads
             for span in spans(runs, stride, 3, threads):  # header, payload, gap a record
                 chosen = group.pages[span.first : span.first + span.n_records]
                 placed.append(_Span(span.segment, span.offset, group.cls, chosen))
         return placed
+
+    def _reserve(self, writer: IndexWriter, groups: list[_Group]) -> list[list[SlotRun]]:
+        taken: list[list[SlotRun]] = []
+        for group in groups:
+            records = HEADER_BYTES * len(group.pages) + sum(len(p.view) for p in group.pages)
+            taken.append(writer.reserve(group.cls, len(group.pages), records, self._record_key))
+        return taken
+
+    def _record_key(self, slot: Slot) -> bytes | None:
+        return record_key(self._ctx.segments, slot)
 
     def _write(self, placed: list[_Span]) -> list[bool]:
         """The spans' records, one ``pwritev`` a span, on the I/O pool (data fsynced at
@@ -272,11 +292,13 @@ class DiskWrites:
 
 
 def _groups(pages: list[_Page], direct_io: bool) -> list[_Group]:
-    """``pages`` by slot class (a batch usually holds one page size: one group)."""
+    """``pages`` by slot class (a batch usually holds one page size: one group), largest
+    stride first: the smaller slots then fit around the larger ones, not in their way."""
     lengths = {len(page.view) for page in pages}
     if len(lengths) == 1:
         return [_Group(slot_class(lengths.pop(), direct_io), pages)]
     by_class: dict[SlotClass, list[_Page]] = {}
     for page in pages:
         by_class.setdefault(slot_class(len(page.view), direct_io), []).append(page)
-    return [_Group(cls, group) for cls, group in by_class.items()]
+    ordered = sorted(by_class.items(), key=lambda item: -item[0].stride)
+    return [_Group(cls, group) for cls, group in ordered]

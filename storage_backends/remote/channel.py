@@ -6,6 +6,7 @@ thread-safe); ``RemoteBackend`` keeps one per calling thread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from storage_backends.remote.protocol import (
     decode_reply,
     encode_request,
 )
+from storage_backends.remote.shm_lease import ClientLease
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ class Channel:
         self._max_frame_bytes = max_frame_bytes
         self._next_id = 0
         self.reconnects = 0
+        self.lease: ClientLease | None = None  # this thread's shared-memory lease, if any
         self._sock = self._connect()
 
     def _connect(self) -> zmq.Socket[bytes]:
@@ -131,7 +134,7 @@ class Channel:
             while sent < len(requests) and len(pending) < WINDOW:
                 request = requests[sent]
                 rid = self._take_id()
-                frames = encode_request(Request(request.op, rid, request.keys, request.pages))
+                frames = encode_request(dataclasses.replace(request, id=rid))
                 if not self._send(frames, deadline):
                     break
                 pending[rid] = sent
@@ -150,6 +153,12 @@ class Channel:
         if unanswered or bad:
             self.reset()
         return Outcome(replies, unanswered, bad)
+
+    def post(self, request: Request, timeout_s: float) -> bool:
+        """Send a request the daemon does not answer (SHM_FREE, SHM_DETACH); False if it
+        could not be queued within ``timeout_s``."""
+        frames = encode_request(dataclasses.replace(request, id=self._take_id()))
+        return self._send(frames, time.monotonic() + timeout_s)
 
     def _take_id(self) -> int:
         self._next_id = (self._next_id + 1) % MAX_ID

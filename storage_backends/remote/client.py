@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
@@ -23,7 +24,7 @@ import zmq
 
 from storage_backends.base import StorageStats
 from storage_backends.batch import check_batch, check_keys
-from storage_backends.breaker import Admission, CircuitBreaker
+from storage_backends.breaker import Admission, BreakerState, CircuitBreaker
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
@@ -42,8 +43,10 @@ from storage_backends.remote.protocol import (
     PutReply,
     Reply,
     Request,
+    ShmAttachReply,
     StatsReply,
 )
+from storage_backends.remote.shm_lease import ClientLease
 from storage_backends.scatter import (
     Runs,
     check_gather,
@@ -59,6 +62,9 @@ logger = logging.getLogger(__name__)
 # the daemon answers one while the client verifies and copies the previous one.
 REQUEST_KEYS = 1024
 REQUEST_BYTES = 1 << 20
+# The put area a shared-memory lease asks for (the daemon grants up to a quarter of its
+# slab): the records of a put go through it in rounds of this many bytes.
+SHM_PUT_BYTES = 64 << 20
 # Room for a reply header (a GET's found list, a STATS map) beyond a page record.
 REPLY_HEADER_BYTES = 1 << 20
 # Replies the daemon sends when it, not the request, is the problem.
@@ -106,6 +112,25 @@ class _Size(NamedTuple):
 class _Chunk(NamedTuple):
     start: int
     stop: int
+
+
+class _Answers:
+    """What one exchange through a shared-memory lease learnt about the lease: replies
+    seen (an unanswered GET may hold slots; an unanswered PUT, its put area), whether
+    the daemon no longer knew it, or a free could not be sent."""
+
+    def __init__(self, lease: ClientLease | None) -> None:
+        self.lease = lease
+        self.started = time.monotonic()
+        self.seen = 0
+        self.lost = False  # NO_LEASE, or slots that could not be freed
+        self.refused = False  # BAD_OP to SHM_ATTACH: the daemon has no shared memory
+
+    def note(self, position: int, reply: Reply) -> None:
+        self.seen += 1
+        if isinstance(reply, ErrorReply):
+            self.lost |= reply.code is ErrorCode.NO_LEASE
+            self.refused |= reply.code is ErrorCode.BAD_OP
 
 
 def load_curve_keys(config: StorageConfig) -> CurveKeys | None:
@@ -166,6 +191,7 @@ class RemoteBackend:
         )  # "reconnects": of channels already closed; live ones count their own
         self._size = _Size(0, 0, 0, 0)  # as the daemon last reported it
         self._closed = False
+        self._shm_off = not config.shm  # also once the daemon turned shared memory down
 
     # --- StorageBackend ---------------------------------------------------------------
 
@@ -207,16 +233,25 @@ class RemoteBackend:
     def _get_runs(self, keys: Sequence[bytes], views: list[Runs]) -> list[bool]:
         """Verified pages from the daemon into their runs (``get`` and ``get_scatter``)."""
         parts = chunks([total(runs) for runs in views])
-        requests = [Request(Op.GET, 0, tuple(keys[c.start : c.stop])) for c in parts]
+        lease = self._lease()
+        lease_id = lease.id if lease is not None else 0
+        requests = [
+            Request(Op.GET, 0, tuple(keys[c.start : c.stop]), lease=lease_id) for c in parts
+        ]
         hits = [False] * len(keys)
         corrupt: list[bytes] = []
+        answers = _Answers(lease)
 
         def fill(position: int, reply: Reply) -> None:
             # As each reply arrives: its pages are copied out while later ones travel.
-            if isinstance(reply, GetReply):
+            answers.note(position, reply)
+            if isinstance(reply, GetReply) and reply.spans and lease is not None:
+                answers.lost |= not self._fill_lent(parts[position], reply, keys, views, hits)
+            elif isinstance(reply, GetReply):
                 corrupt.extend(self._fill(parts[position], reply, keys, views, hits))
 
         self._call(Op.GET, requests, GetReply, fill)
+        self._settle(answers, len(requests))
         self._counters.record_get(sum(hits), len(keys) - sum(hits), len(corrupt))
         if corrupt:
             logger.warning("%d damaged pages from the daemon; deleting them", len(corrupt))
@@ -246,6 +281,85 @@ class RemoteBackend:
                 corrupt.append(keys[i])
         return corrupt
 
+    def _fill_lent(
+        self,
+        part: _Chunk,
+        reply: GetReply,
+        keys: Sequence[bytes],
+        views: list[Runs],
+        hits: list[bool],
+    ) -> bool:
+        """Copy one reply's records out of the slots lent to this thread's lease (a record
+        that fails its check there is a miss: the daemon checked it, so the slot was
+        reused, not the page damaged), then free the slots; False if the free could not
+        be sent."""
+        channel = self._channel()
+        lease = channel.lease
+        if lease is None or len(reply.found) != part.stop - part.start:
+            self._count("bad_replies")
+        else:
+            spans = iter(reply.spans)
+            for i, found in zip(range(part.start, part.stop), reply.found, strict=True):
+                if found:
+                    hits[i] = lease.read(next(spans), keys[i], views[i])
+        lease_id = lease.id if lease is not None else 0
+        free = Request(Op.SHM_FREE, 0, lease=lease_id, spans=reply.spans)
+        return lease_id != 0 and channel.post(free, self._config.timeout_s)
+
+    def _lease(self) -> ClientLease | None:
+        """This thread's lease on the daemon's slab, attached (or renewed) when it may have
+        expired; None: pages go as frames (``storage.shm`` off, the daemon has no shared
+        memory or did not answer)."""
+        if self._shm_off or self._breaker.state is not BreakerState.CLOSED:
+            return None  # (an open breaker: the call itself fails fast or probes)
+        channel = self._channel()
+        lease, now = channel.lease, time.monotonic()
+        if lease is not None and lease.fresh(now):
+            return lease
+        answers = _Answers(None)
+        ask = Request(Op.SHM_ATTACH, 0, lease=lease.id if lease else 0, put_bytes=SHM_PUT_BYTES)
+        (grant,) = self._call(Op.SHM_ATTACH, [ask], ShmAttachReply, answers.note)
+        channel.lease = None
+        if grant is None:
+            if answers.refused:
+                self._shm_off = True
+                logger.warning("the daemon has no shared memory (server.shm_bytes): frames")
+        elif lease is not None and grant.lease == lease.id:
+            lease.renewed(now)
+            channel.lease = lease
+        else:
+            channel.lease = self._map(grant, now)
+        return channel.lease
+
+    def _map(self, grant: ShmAttachReply, now: float) -> ClientLease | None:
+        try:
+            return ClientLease(grant, now)
+        except (OSError, ValueError) as e:  # not the daemon's host, or its slab is gone
+            logger.warning("cannot map the daemon's shared memory (%s): pages go as frames", e)
+            self._shm_off = True
+            self._detach(self._channel(), grant.lease)
+            return None
+
+    @staticmethod
+    def _detach(channel: Channel, lease: int) -> None:
+        """Give ``lease`` up (unanswered; if it cannot be sent, the daemon reclaims the lease
+        once it has been silent for its expiry)."""
+        with contextlib.suppress(zmq.ZMQError):
+            channel.post(Request(Op.SHM_DETACH, 0, lease=lease), 0.1)
+
+    def _settle(self, answers: _Answers, sent: int) -> None:
+        """After an exchange through a lease: renewed if every request was answered,
+        else given up (the daemon reclaims what the lost replies held)."""
+        lease = answers.lease
+        if lease is None:
+            return
+        if answers.seen == sent and not answers.lost:
+            lease.renewed(answers.started)
+            return
+        channel = self._channel()
+        channel.lease = None
+        self._detach(channel, lease.id)
+
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         self._check_open()
         views = check_batch(keys, src, writable=False)
@@ -255,33 +369,75 @@ class RemoteBackend:
         self._check_open()
         return self._put_runs(keys, check_gather(keys, src))
 
-    def _put_runs(self, keys: Sequence[bytes], runs: list[Runs]) -> list[bool]:
-        """Pages (each its runs, concatenated) to the daemon as records built straight
-        from the runs into this thread's arena (``put`` and ``put_gather``)."""
-        sizes = [total(page) for page in runs]
+    def _put_runs(self, keys: Sequence[bytes], pages: list[Runs]) -> list[bool]:
+        """Pages (each its runs, concatenated) to the daemon as records built straight from
+        the runs, never gathered into a page first (``put`` and ``put_gather``)."""
+        sizes = [total(runs) for runs in pages]
         fits = [i for i, size in enumerate(sizes) if size <= self._config.max_page_bytes]
-        parts = chunks([sizes[i] for i in fits])
+        parts = [fits[c.start : c.stop] for c in chunks([sizes[i] for i in fits])]
+        results = [False] * len(keys)
+        for group in self._put_rounds(parts, sizes):
+            self._put_round(group, keys, pages, results)
+        self._counters.record_put(sum(results), len(keys) - sum(results), 0)
+        return results
+
+    def _put_rounds(self, parts: list[list[int]], sizes: list[int]) -> list[list[list[int]]]:
+        """A put's requests (page indices each) in rounds, each sent once the last was
+        answered: one round over frames; through a lease, as many as reuse its put area."""
+        lease = self._lease()
+        room = lease.area_bytes if lease is not None else 0
+        rounds: list[list[list[int]]] = [[]]
+        used = 0
+        for part in parts:
+            size = sum(HEADER_BYTES + sizes[i] for i in part)
+            if room and rounds[-1] and used + size > room:
+                rounds.append([])
+                used = 0
+            rounds[-1].append(part)
+            used += size
+        return rounds
+
+    def _put_round(
+        self,
+        parts: list[list[int]],
+        keys: Sequence[bytes],
+        pages: list[Runs],
+        results: list[bool],
+    ) -> None:
+        """One round of PUT requests: through the lease's put area where the records fit,
+        else as frames from the arena; ``results`` filled from the replies."""
+        lease = self._lease()
+        if lease is not None:
+            lease.start()
+        lent = [
+            lease.encode_runs([keys[i] for i in part], [pages[i] for i in part])
+            if lease is not None
+            else ()
+            for part in parts
+        ]
         arena = self._arena()
-        arena.start(sum(HEADER_BYTES + sizes[i] for i in fits))
+        framed = [part for part, spans in zip(parts, lent, strict=True) if not spans]
+        arena.start(sum(HEADER_BYTES + total(pages[i]) for part in framed for i in part))
         requests = [
             Request(
                 Op.PUT,
                 0,
-                tuple(keys[i] for i in fits[c.start : c.stop]),
-                tuple(arena.encode_runs(keys[i], runs[i]) for i in fits[c.start : c.stop]),
+                tuple(keys[i] for i in part),
+                () if spans else tuple(arena.encode_runs(keys[i], pages[i]) for i in part),
+                lease=lease.id if spans and lease is not None else 0,
+                spans=spans,
             )
-            for c in parts
+            for part, spans in zip(parts, lent, strict=True)
         ]
-        replies = self._send_records(arena, requests)
-        results = [False] * len(keys)
+        answers = _Answers(lease)
+        replies = self._send_records(arena, requests, answers.note)
+        self._settle(answers, len(requests))
         for part, reply in zip(parts, replies, strict=True):
-            if reply is not None and len(reply.stored) == part.stop - part.start:
-                for i, stored in zip(fits[part.start : part.stop], reply.stored, strict=True):
+            if reply is not None and len(reply.stored) == len(part):
+                for i, stored in zip(part, reply.stored, strict=True):
                     results[i] = stored
             elif reply is not None:
                 self._count("bad_replies")
-        self._counters.record_put(sum(results), len(keys) - sum(results), 0)
-        return results
 
     def delete(self, keys: Sequence[bytes]) -> int:
         self._check_open()
@@ -350,6 +506,8 @@ class RemoteBackend:
                 return
             self._closed = True
             for channel in self._channels.values():
+                if channel.lease is not None:  # its slots come back now, not on expiry
+                    self._detach(channel, channel.lease.id)
                 channel.close()
             self._channels.clear()
         self._ctx.term()
@@ -383,11 +541,13 @@ class RemoteBackend:
             arena = self._local.arena = RecordArena()
         return arena
 
-    def _send_records(self, arena: RecordArena, requests: list[Request]) -> list[PutReply | None]:
+    def _send_records(
+        self, arena: RecordArena, requests: list[Request], on_reply: OnReply
+    ) -> list[PutReply | None]:
         """The PUT exchange; the arena is dropped unless every request was answered (see
         ``record_arena``: only then has ZeroMQ surely finished sending from it)."""
         try:
-            replies = self._call(Op.PUT, requests, PutReply)
+            replies = self._call(Op.PUT, requests, PutReply, on_reply)
         except BaseException:
             arena.discard()
             raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgpack
 
@@ -34,9 +35,17 @@ class Op(enum.StrEnum):
     DELETE = "DELETE"
     STATS = "STATS"
     CONTAINS = "CONTAINS"
+    # The shared-memory data plane (ipc only, ``server.shm_bytes`` > 0; docs/protocol.md).
+    SHM_ATTACH = "SHM_ATTACH"
+    SHM_FREE = "SHM_FREE"  # no reply
+    SHM_DETACH = "SHM_DETACH"  # no reply
 
 
 KEYED_OPS = frozenset({Op.EXISTS, Op.CONTAINS, Op.GET, Op.PUT, Op.DELETE})
+# Requests the daemon never answers (a client sends them and moves on).
+UNANSWERED_OPS = frozenset({Op.SHM_FREE, Op.SHM_DETACH})
+# Requests that may name a shared-memory lease.
+LEASE_OPS = frozenset({Op.GET, Op.PUT, Op.SHM_ATTACH, Op.SHM_FREE, Op.SHM_DETACH})
 
 
 class ErrorCode(enum.StrEnum):
@@ -48,6 +57,7 @@ class ErrorCode(enum.StrEnum):
     UNAUTHORIZED = "UNAUTHORIZED"
     INTERNAL = "INTERNAL"
     BUSY = "BUSY"
+    NO_LEASE = "NO_LEASE"  # the shared-memory lease named is unknown (reclaimed, or shm off)
 
 
 class ProtocolError(Exception):
@@ -91,14 +101,29 @@ class Limits:
 # --- records ------------------------------------------------------------------------------
 
 
+class Span(NamedTuple):
+    """A byte range of the daemon's shared-memory slab (one page record)."""
+
+    offset: int
+    length: int
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One request. ``pages`` are the PUT page records (one per key); empty for other ops."""
+    """One request. ``pages`` are the PUT page records (one per key); empty for other ops.
+
+    Shared memory: ``lease`` (0: none) names the client's lease; a PUT through it has
+    ``spans`` (one record per key, in the lease's put area) instead of ``pages``, an
+    SHM_FREE the spans of GET replies it has copied out; ``put_bytes`` is the put area
+    an SHM_ATTACH asks for."""
 
     op: Op
     id: int
     keys: tuple[bytes, ...] = ()
     pages: tuple[Frame, ...] = ()
+    lease: int = 0
+    spans: tuple[Span, ...] = ()
+    put_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,11 +148,13 @@ class ContainsReply:
 
 @dataclass(frozen=True, slots=True)
 class GetReply:
-    """``pages`` holds one record per True entry of ``found``, in order."""
+    """``pages`` holds one record per True entry of ``found``, in order; or, for a GET
+    through a shared-memory lease, ``spans`` does (where each record lies in the slab)."""
 
     id: int
     found: tuple[bool, ...]
     pages: tuple[Frame, ...]
+    spans: tuple[Span, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +176,20 @@ class StatsReply:
 
 
 @dataclass(frozen=True, slots=True)
+class ShmAttachReply:
+    """A lease on the slab at ``path`` (``size`` bytes): ``put`` is the lease's own area
+    for PUT records (length 0: none free); the lease is reclaimed once the client has
+    been silent, with nothing in flight, for ``expires_s``."""
+
+    id: int
+    lease: int
+    path: str
+    size: int
+    put: Span
+    expires_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorReply:
     id: int | None
     code: ErrorCode
@@ -163,6 +204,7 @@ Reply = (
     | PutReply
     | DeleteReply
     | StatsReply
+    | ShmAttachReply
     | ErrorReply
 )
 
@@ -220,12 +262,21 @@ def encode_request(request: Request) -> list[Frame]:
     """Frames of ``request`` (header, then its pages). ValueError if it breaks the protocol."""
     if not _valid_id(request.id):
         raise ValueError(f"request id must be an int in [0, 2**63), got {request.id!r}")
-    expected_pages = len(request.keys) if request.op is Op.PUT else 0
+    by_frames = request.op is Op.PUT and not request.spans
+    expected_pages = len(request.keys) if by_frames else 0
     if len(request.pages) != expected_pages:
         raise ValueError(f"{request.op} needs {expected_pages} pages, got {len(request.pages)}")
+    if request.op is Op.PUT and request.spans and len(request.spans) != len(request.keys):
+        raise ValueError(f"PUT needs {len(request.keys)} spans, got {len(request.spans)}")
     header: dict[str, object] = {"v": VERSION, "op": str(request.op), "id": request.id}
     if request.op in KEYED_OPS:
         header["keys"] = list(request.keys)
+    if request.lease:
+        header["lease"] = request.lease
+    if request.spans:
+        header["spans"] = [[span.offset, span.length] for span in request.spans]
+    if request.put_bytes:
+        header["put_bytes"] = request.put_bytes
     return [_pack(header), *request.pages]
 
 
@@ -239,12 +290,57 @@ def decode_request(frames: Sequence[Frame], limits: Limits) -> Request:
         op = _check_fields(header, request_id)
         keys = _check_keys(header.get("keys"), limits) if op in KEYED_OPS else ()
         pages = tuple(frames[1:])
-        _check_pages(op, keys, pages, limits)
+        lease, spans, put_bytes = _check_shm_fields(header, op, keys, limits)
+        _check_pages(op, keys, pages, limits, spans if op is Op.PUT else ())
     except ProtocolError as exc:
         exc.request_id = request_id
         raise
     assert request_id is not None  # _check_fields rejects a missing id
-    return Request(op, request_id, keys, pages)
+    return Request(op, request_id, keys, pages, lease, spans, put_bytes)
+
+
+class _ShmFields(NamedTuple):
+    lease: int
+    spans: tuple[Span, ...]
+    put_bytes: int
+
+
+def _check_shm_fields(
+    header: Mapping[str, object], op: Op, keys: tuple[bytes, ...], limits: Limits
+) -> _ShmFields:
+    """The shared-memory fields (absent: 0, (), 0); ignored, as unknown fields are, on
+    ops that take none."""
+    if op not in LEASE_OPS:
+        return _ShmFields(0, (), 0)
+    lease = _read_id(header.get("lease", 0))
+    put_bytes = header.get("put_bytes", 0)
+    if lease is None or not _is_int(put_bytes) or put_bytes < 0:  # type: ignore[operator]
+        raise ProtocolError(ErrorCode.MALFORMED, "'lease' and 'put_bytes' must be ints >= 0")
+    spans = (
+        _spans(header.get("spans", []), limits.max_batch_keys)
+        if op in (Op.PUT, Op.SHM_FREE)
+        else ()
+    )
+    if not lease and (spans or op in UNANSWERED_OPS):
+        raise ProtocolError(ErrorCode.MALFORMED, f"{op} with shared memory needs a 'lease'")
+    if op is Op.PUT and spans and len(spans) != len(keys):
+        raise ProtocolError(ErrorCode.BAD_FRAMES, f"PUT needs {len(keys)} spans, got {len(spans)}")
+    return _ShmFields(lease, spans, int(put_bytes))  # type: ignore[call-overload]
+
+
+def _spans(raw: object, max_count: int) -> tuple[Span, ...]:
+    if not isinstance(raw, list) or len(raw) > max_count:
+        raise ProtocolError(ErrorCode.MALFORMED, "'spans' must be a list of [offset, length]")
+    spans = tuple(_span(item) for item in raw)
+    if any(span is None for span in spans):
+        raise ProtocolError(ErrorCode.MALFORMED, "each span must be [offset, length], ints >= 0")
+    return spans  # type: ignore[return-value]
+
+
+def _span(item: object) -> Span | None:
+    if not isinstance(item, list) or len(item) != 2 or not all(_is_int(v) for v in item):
+        return None
+    return Span(item[0], item[1]) if item[0] >= 0 and item[1] >= 0 else None
 
 
 def _check_fields(header: Mapping[str, object], request_id: int | None) -> Op:
@@ -280,19 +376,26 @@ def _check_keys(raw: object, limits: Limits) -> tuple[bytes, ...]:
     return tuple(raw)
 
 
-def _check_pages(op: Op, keys: tuple[bytes, ...], pages: tuple[Frame, ...], limits: Limits) -> None:
-    expected = len(keys) if op is Op.PUT else 0
+def _check_pages(
+    op: Op,
+    keys: tuple[bytes, ...],
+    pages: tuple[Frame, ...],
+    limits: Limits,
+    spans: tuple[Span, ...],
+) -> None:
+    """Payload frames (or a PUT's spans in shared memory) against the op and the limits."""
+    expected = len(keys) if op is Op.PUT and not spans else 0
     if len(pages) != expected:
         raise ProtocolError(
             ErrorCode.BAD_FRAMES, f"{op} needs {expected} payload frames, got {len(pages)}"
         )
     total = 0
-    for i, page in enumerate(pages):
-        if len(page) > limits.max_page_bytes:
+    for i, size in enumerate([len(page) for page in pages] or [span.length for span in spans]):
+        if size > limits.max_page_bytes:
             raise ProtocolError(
-                ErrorCode.TOO_LARGE, f"page {i} has {len(page)} bytes > {limits.max_page_bytes}"
+                ErrorCode.TOO_LARGE, f"page {i} has {size} bytes > {limits.max_page_bytes}"
             )
-        total += len(page)
+        total += size
     if total > limits.max_request_bytes:
         raise ProtocolError(
             ErrorCode.TOO_LARGE, f"request of {total} bytes > {limits.max_request_bytes}"
@@ -315,10 +418,15 @@ def encode_reply(reply: Reply) -> list[Frame]:
     elif isinstance(reply, ContainsReply):
         header["present"] = list(reply.present)
     elif isinstance(reply, GetReply):
-        if sum(reply.found) != len(reply.pages):
+        if sum(reply.found) != len(reply.pages) + len(reply.spans) or (reply.pages and reply.spans):
             raise ValueError(f"{sum(reply.found)} keys found but {len(reply.pages)} pages")
         header["found"] = list(reply.found)
+        if reply.spans:
+            header["spans"] = [[span.offset, span.length] for span in reply.spans]
         pages = reply.pages
+    elif isinstance(reply, ShmAttachReply):
+        header.update(lease=reply.lease, path=reply.path, size=reply.size)
+        header.update(put=[reply.put.offset, reply.put.length], expires_s=reply.expires_s)
     elif isinstance(reply, PutReply):
         header["stored"] = list(reply.stored)
     elif isinstance(reply, DeleteReply):
@@ -396,13 +504,24 @@ def _success_reply(
         return ContainsReply(request_id, _bools(header, "present"))
     if op is Op.GET:
         found = _bools(header, "found")
-        if sum(found) != len(pages):
+        spans = _spans(header["spans"], len(found)) if "spans" in header else ()
+        if sum(found) != len(pages) + len(spans) or (pages and spans):
             raise ProtocolError(
                 ErrorCode.BAD_FRAMES, f"{sum(found)} keys found but {len(pages)} payload frames"
             )
-        return GetReply(request_id, found, pages)
+        return GetReply(request_id, found, pages, spans)
+    if op is Op.SHM_ATTACH:
+        return _attach_reply(header, request_id)
     if op is Op.PUT:
         return PutReply(request_id, _bools(header, "stored"))
     if op is Op.DELETE:
         return DeleteReply(request_id, _int_field(header, "deleted"))
     return StatsReply(request_id, _stats(header))
+
+
+def _attach_reply(header: Mapping[str, object], request_id: int) -> ShmAttachReply:
+    path, expires_s, put = header.get("path"), header.get("expires_s"), _span(header.get("put"))
+    if not isinstance(path, str) or not isinstance(expires_s, float) or put is None:
+        raise ProtocolError(ErrorCode.MALFORMED, "SHM_ATTACH reply needs path, put, expires_s")
+    lease, size = _int_field(header, "lease"), _int_field(header, "size")
+    return ShmAttachReply(request_id, lease, path, size, put, expires_s)

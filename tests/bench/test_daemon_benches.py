@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.bench.daemon import SHORT, TRANSPORTS
+from hicache.bench.daemon import FAIRNESS_TRANSPORTS, SHORT, TRANSPORTS
 from hicache.bench.sharing import split
 from hicache.bench.tiering import build_trace
 from hicache.cli import main
@@ -65,7 +65,7 @@ def test_daemon_bench_reports_every_op_shape_transport_and_client_count(tmp_path
     probes = {(r["transport"], r["probe"], r["load"]) for r in report["fairness"]}
     loads = ("quiet", "bulk GETs", "bulk PUTs")
     assert probes == {
-        (t, p, load) for t in TRANSPORTS for p in ("GET 1 page", "PING") for load in loads
+        (t, p, load) for t in FAIRNESS_TRANSPORTS for p in ("GET 1 page", "PING") for load in loads
     }
     assert all(0 < r["p50_us"] <= r["p99_us"] and r["samples"] > 0 for r in report["fairness"])
     cells = {(r["op"], r["transport"], r["clients"], r["page_bytes"], r["pages"]) for r in rows}

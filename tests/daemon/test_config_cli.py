@@ -178,3 +178,20 @@ def test_serve_refuses_a_bad_set_in_one_line(capsys: pytest.CaptureFixture[str])
     assert hicache_main(["serve", "--set", "store.memory_bytes=lots"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == 'hicache serve: --set store.memory_bytes: expected an integer, got "lots"'
+
+
+def test_serve_flags_count_in_the_checks_across_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Shared memory needs an ipc endpoint: ``--endpoint ipc://`` over a tcp config is seen
+    by that check (it used to run before the flags were applied, refusing the pair)."""
+    argv = [sys.executable, "-m", "hicache.cli", "serve", "--config", "daemon"]
+    argv += ["--set", "server.shm_bytes=1048576", "--metrics-port", "-1"]
+    argv += ["--endpoint", f"ipc://{tmp_path / 'sock'}", "--store", str(tmp_path / "store")]
+    with ServerProcess(argv, DAEMON_BANNER, tmp_path / "daemon.log") as server:
+        wait_ping(server.endpoint)
+        assert server.endpoint.startswith("ipc://")
+        assert server.stop() == 0
+    tcp = ["serve", "--config", "daemon", "--set", "server.shm_bytes=1048576", "--metrics-port"]
+    assert hicache_main([*tcp, "-1"]) == 2
+    assert "server.shm_bytes" in capsys.readouterr().err

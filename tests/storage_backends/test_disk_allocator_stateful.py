@@ -1,6 +1,7 @@
 """The disk store's slot allocator against a model of which slots are taken: the runs it
 hands out never overlap each other or a taken slot, stay inside their segment, and
-come whole until the store is allocated up to ``max_bytes``."""
+come whole until the store is allocated up to ``max_bytes`` and no free space between
+taken slots holds one, whatever class freed it (free space has no class)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from storage_backends import StorageConfig
 from storage_backends.disk.index import DiskIndex
-from storage_backends.disk.layout import Slot, SlotClass, slot_class
+from storage_backends.disk.layout import Slot, SlotClass, round_up, slot_class
 
 SEGMENT = 1 << 20
 MAX_BYTES = 3 * SEGMENT + SEGMENT // 2
@@ -41,6 +42,7 @@ class AllocatorModel(RuleBasedStateMachine):
 
     @rule(which=st.sampled_from(CLASSES), count=st.integers(1, 40))
     def take(self, which: SlotClass, count: int) -> None:
+        holes = self._holes_that_fit(which)
         with self.index.writing() as writer:
             runs = writer.alloc.take(which, count)
             allocated = writer.alloc.allocated
@@ -53,6 +55,7 @@ class AllocatorModel(RuleBasedStateMachine):
             self.taken[slot] = which
         if len(got) < count:  # short only when the store is allocated up to max_bytes
             assert allocated + which.stride > MAX_BYTES
+            assert len(got) >= holes, "free space between taken slots went unused"
 
     @precondition(lambda self: bool(self.taken))
     @rule(data=st.data())
@@ -68,6 +71,16 @@ class AllocatorModel(RuleBasedStateMachine):
             allocated = writer.alloc.allocated
         assert allocated >= sum(cls.stride for cls in self.taken.values())
         assert allocated <= MAX_BYTES + max(cls.stride for cls in CLASSES)
+
+    def _holes_that_fit(self, cls: SlotClass) -> int:
+        """How many slots of ``cls`` the free space between taken slots holds."""
+        fit = 0
+        for segment in {slot.segment for slot in self.taken}:
+            at = 0
+            for slot in sorted(s for s in self.taken if s.segment == segment):
+                fit += max(0, slot.offset - round_up(at, cls.align)) // cls.stride
+                at = slot.offset + self.taken[slot].stride
+        return fit
 
     def _overlaps(self, slot: Slot, cls: SlotClass) -> bool:
         return any(

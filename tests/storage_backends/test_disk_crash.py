@@ -31,8 +31,9 @@ import hashlib, os, signal, sys
 from storage_backends import StorageConfig
 from storage_backends.disk import DiskBackend, PutPhase
 
-path, phase, size, batch, killed, capacity = sys.argv[1:7]
+path, phase, size, batch, killed, capacity, last_size = sys.argv[1:8]
 size, batch, killed, capacity = int(size), int(batch), int(killed), int(capacity)
+last_size = int(last_size)  # the page size of the killed batch
 store = DiskBackend(StorageConfig(backend="disk", path=path, max_bytes=capacity, sync="none"))
 calls = []
 
@@ -45,14 +46,15 @@ def hook(at):
 def key(i):
     return hashlib.sha256(f"page-{i}".encode()).digest()
 
-def payload(i):
+def payload(i, size):
     seed = hashlib.sha256(f"payload-{i}".encode()).digest()
     return (seed * (size // len(seed) + 1))[:size]
 
 store.fault_hook = hook
 for b in range(killed + 1):
     ids = range(b * batch, (b + 1) * batch)
-    done = store.put([key(i) for i in ids], [memoryview(payload(i)) for i in ids])
+    n = last_size if b == killed else size
+    done = store.put([key(i) for i in ids], [memoryview(payload(i, n)) for i in ids])
     print("ack", b, "".join("1" if ok else "0" for ok in done), flush=True)
 print("not killed", flush=True)
 """
@@ -62,9 +64,9 @@ def _key(i: int) -> bytes:
     return hashlib.sha256(f"page-{i}".encode()).digest()
 
 
-def _payload(i: int) -> bytes:
+def _payload(i: int, size: int = SIZE) -> bytes:
     seed = hashlib.sha256(f"payload-{i}".encode()).digest()
-    return (seed * (SIZE // len(seed) + 1))[:SIZE]
+    return (seed * (size // len(seed) + 1))[:size]
 
 
 def _config(path: Path) -> StorageConfig:
@@ -72,10 +74,12 @@ def _config(path: Path) -> StorageConfig:
     return StorageConfig(backend="disk", path=str(path), max_bytes=capacity, sync="none")
 
 
-def _run_writer(path: Path, phase: PutPhase, killed_batch: int = KILLED_BATCH) -> set[int]:
-    """Run the writer until the fault hook kills it in batch ``killed_batch``; the
-    acknowledged page ids."""
-    args = [path, phase.value, SIZE, BATCH, killed_batch, _config(path).max_bytes]
+def _run_writer(
+    path: Path, phase: PutPhase, killed_batch: int = KILLED_BATCH, last_size: int = SIZE
+) -> set[int]:
+    """Run the writer until the fault hook kills it in batch ``killed_batch`` (of pages
+    of ``last_size``); the acknowledged page ids."""
+    args = [path, phase.value, SIZE, BATCH, killed_batch, _config(path).max_bytes, last_size]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     done = subprocess.run(
         [sys.executable, "-c", WRITER, *map(str, args)],
@@ -141,6 +145,37 @@ def test_a_kill_in_a_put_that_evicts_costs_only_what_it_evicted(
         fresh = range(100, 100 + CAPACITY_PAGES)
         assert all(store.put([_key(i) for i in fresh], [memoryview(_payload(i)) for i in fresh]))
         assert store.stats().entries == CAPACITY_PAGES
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("phase", [PutPhase.AFTER_DATA, PutPhase.IN_COMMIT])
+def test_a_kill_in_a_put_of_a_new_size_costs_only_what_it_evicted(
+    tmp_path: Path, phase: PutPhase
+) -> None:
+    """A full store and a killed batch of larger pages: it evicts the pages that stand
+    after free space (not the oldest) and writes over their slots, uncommitted. Those
+    pages read as misses, never as other bytes; no more are lost than the batch could
+    evict; the store then takes pages of the new size."""
+    path = tmp_path / "store"
+    full, new_size = CAPACITY_PAGES // BATCH, 2 * SIZE + 1000
+    acked = _run_writer(path, phase, killed_batch=full, last_size=new_size)
+    assert acked == set(range(CAPACITY_PAGES))
+    store = create("disk", _config(path))
+    try:
+        ids = range(CAPACITY_PAGES)
+        dst = [memoryview(bytearray(SIZE)) for _ in ids]
+        hits = store.get([_key(i) for i in ids], dst)
+        for i, hit, buf in zip(ids, hits, dst, strict=True):
+            assert not hit or bytes(buf) == _payload(i), f"page {i} is not its own bytes"
+        # By bytes the batch needs about 2.25 old slots a page, by room at most 4.
+        assert hits.count(False) <= 4 * BATCH + 1
+        new = range(CAPACITY_PAGES + BATCH, CAPACITY_PAGES + 3 * BATCH)
+        src = [memoryview(_payload(i, new_size)) for i in new]
+        assert all(store.put([_key(i) for i in new], src))
+        back = [memoryview(bytearray(new_size)) for _ in new]
+        assert all(store.get([_key(i) for i in new], back))
+        assert all(bytes(b) == _payload(i, new_size) for i, b in zip(new, back, strict=True))
     finally:
         store.close()
 

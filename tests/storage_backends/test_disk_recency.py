@@ -54,6 +54,21 @@ def test_an_aged_page_read_is_kept_and_a_young_one_keeps_its_place(tmp_path: Pat
         store.close()
 
 
+def test_a_read_after_this_process_stored_more_pages_ages_pages_by_the_new_count(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path / "s", 16)
+    try:
+        _put(store, range(8))
+        _read(store, 7)  # the newest of 8: young
+        _put(store, range(8, 16))  # 16 pages now: page 7 is no longer among the newest 4
+        _read(store, 7)  # aged: touched
+        _put(store, range(16, 24))  # eight evictions: 0-6 and 8, not the page just read
+        assert _present(store, range(24)) == [7, *range(9, 24)]
+    finally:
+        store.close()
+
+
 def _filled_index(path: Path, n: int) -> DiskIndex:
     config = StorageConfig(backend="disk", path=str(path), max_bytes=1 << 20, sync="none")
     index = DiskIndex(path, config)

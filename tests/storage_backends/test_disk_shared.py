@@ -1,6 +1,7 @@
 """Two processes writing, reading, deleting and evicting on one disk store at once,
 with room for few pages so that slots are reused under each other's reads: every
-hit is the page's own bytes."""
+hit is the page's own bytes, also when the two use different page sizes (two models
+on one store: each one's puts make room among the other's pages)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from storage_backends import StorageConfig, create
 
@@ -29,7 +32,7 @@ store = DiskBackend(
 rng = random.Random(int(seed))
 
 def key(i):
-    return hashlib.sha256(f"shared-{i}".encode()).digest()
+    return hashlib.sha256(f"shared-{size}-{i}".encode()).digest()
 
 def payload(i):
     return hashlib.sha256(f"bytes-{i}".encode()).digest() * (size // 32)
@@ -54,14 +57,16 @@ sys.exit(1 if wrong else 0)
 """
 
 
-def test_two_processes_share_one_store_without_a_wrong_byte(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sizes", [(SIZE, SIZE), (SIZE, SIZE + 3072)])
+def test_two_processes_share_one_store_without_a_wrong_byte(
+    tmp_path: Path, sizes: tuple[int, int]
+) -> None:
     path = tmp_path / "store"
     capacity = CAPACITY_PAGES * (SIZE + 64)
-    args = [str(path), "", str(SIZE), str(capacity), str(KEYS), str(ROUNDS)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     workers = []
-    for seed in (1, 2):
-        args[1] = str(seed)
+    for seed, size in zip((1, 2), sizes, strict=True):
+        args = [str(path), str(seed), str(size), str(capacity), str(KEYS), str(ROUNDS)]
         command = [sys.executable, "-c", WORKER, *args]
         workers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env))
     outputs = [w.communicate(timeout=120)[0] for w in workers]

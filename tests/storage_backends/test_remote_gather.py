@@ -1,5 +1,6 @@
-"""RemoteBackend.put_gather against a real daemon: records built straight from each page's
-runs (no staging page), read back bit-exact; a bad batch is refused before anything is sent."""
+"""RemoteBackend.put_gather against a real daemon, over frames and over its shared memory
+(``storage.shm``): records built straight from each page's runs (no staging page), read
+back bit-exact; a bad batch is refused before anything is sent."""
 
 from __future__ import annotations
 
@@ -46,16 +47,27 @@ def read_back(backend: RemoteBackend, ids: list[int], size: int = PAGE) -> list[
 
 
 def remote(endpoint: str, max_page_bytes: int = 64 << 20) -> RemoteBackend:
-    config = StorageConfig(backend="remote", endpoint=endpoint, max_page_bytes=max_page_bytes)
+    config = StorageConfig(
+        backend="remote",
+        endpoint=endpoint,
+        max_page_bytes=max_page_bytes,
+        shm=endpoint.startswith("ipc://"),
+    )
     client = create("remote", config)
     assert isinstance(client, RemoteBackend)
     return client
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[ServerProcess]:
+@pytest.fixture(params=["frames", "shm"])
+def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """A daemon on tcp (pages as frames) or on ipc with a shared-memory slab (the client
+    writes its records into its lease's put area)."""
+    endpoint, extra = "tcp://127.0.0.1:0", []
+    if request.param == "shm":
+        endpoint = f"ipc://{tmp_path / 'd.sock'}"
+        extra = ["--set", f"server.endpoint={endpoint}", "--set", f"server.shm_bytes={64 << 20}"]
     server = start_daemon(
-        DAEMON_CONFIG, tmp_path / "store", "tcp://127.0.0.1:0", tmp_path / "daemon.log"
+        DAEMON_CONFIG, tmp_path / "store", endpoint, tmp_path / "daemon.log", extra=extra
     )
     yield server
     server.stop()

@@ -1,6 +1,7 @@
 """RemoteBackend against a real daemon behaves like a dict of first-written pages (hypothesis).
 
-Every example writes under its own key namespace, so one daemon serves them all.
+Every example writes under its own key namespace, so one daemon serves them all; the
+model runs over frames, and over the daemon's shared memory (``storage.shm``, ipc).
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from hicache.bench.processes import ServerProcess, start_daemon
+from hicache.daemon.oneshot import call
 from storage_backends import StorageConfig, create
 from storage_backends.remote.client import RemoteBackend
+from storage_backends.remote.protocol import Op
 
 PAGE = 512
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "daemon.toml"
 IDS = st.lists(st.integers(0, 11), max_size=6)
 _examples = itertools.count()
 
@@ -30,10 +34,13 @@ def payload(i: int, version: int) -> bytes:
 
 class RemoteModel(RuleBasedStateMachine):
     endpoint = ""  # set by a subclass per daemon
+    shm = False
 
     def __init__(self) -> None:
         super().__init__()
-        config = StorageConfig(backend="remote", endpoint=self.endpoint, timeout_s=10.0)
+        config = StorageConfig(
+            backend="remote", endpoint=self.endpoint, timeout_s=10.0, shm=self.shm
+        )
         backend = create("remote", config)
         assert isinstance(backend, RemoteBackend)
         self.backend = backend
@@ -86,7 +93,7 @@ class RemoteModel(RuleBasedStateMachine):
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     store = tmp_path_factory.mktemp("remote-stateful") / "store"
-    server = start_daemon(Path(__file__).resolve().parents[2] / "configs" / "daemon.toml", store)
+    server = start_daemon(CONFIG, store)
     yield server
     server.stop()
 
@@ -96,3 +103,20 @@ def test_remote_backend_matches_a_dict_model(daemon: ServerProcess) -> None:
     run_state_machine_as_test(
         machine, settings=settings(max_examples=25, stateful_step_count=15, deadline=None)
     )
+
+
+def test_remote_backend_through_shared_memory_matches_a_dict_model(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    root = tmp_path_factory.mktemp("remote-stateful-shm")
+    endpoint = f"ipc://{root}/daemon.sock"
+    shm = ["--set", f"server.endpoint={endpoint}", "--set", f"server.shm_bytes={64 << 20}"]
+    server = start_daemon(CONFIG, root / "store", endpoint, extra=shm)
+    try:
+        machine = type("ShmModelHere", (RemoteModel,), {"endpoint": endpoint, "shm": True})
+        run_state_machine_as_test(
+            machine, settings=settings(max_examples=25, stateful_step_count=15, deadline=None)
+        )
+        assert call(endpoint, Op.STATS, 10.0).stats["hicache_daemon_shm_leases"] <= 1  # type: ignore[union-attr]
+    finally:
+        server.stop()
