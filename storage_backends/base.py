@@ -141,6 +141,32 @@ class ScatterGet(Protocol):
 
 
 @runtime_checkable
+class GatherPut(Protocol):
+    """Optional: store each page from several buffers (a page that is several runs of
+    memory at its source, as an MHA page's K and V in a host pool): the write twin of
+    ``ScatterGet``.
+
+    Same promises as ``StorageBackend.put``; a backend without it is served by
+    ``storage_backends.scatter.put_gather`` (the runs gathered into one staging page,
+    one copy more).
+    """
+
+    def put_gather(self, keys: Sequence[bytes], src: list[Sequence[memoryview]]) -> list[bool]:
+        """Store the runs ``src[i]``, concatenated in order, as the page of ``keys[i]``.
+
+        Returns per-key success, as ``put`` does: keys already present are skipped
+        and reported as ``True``; may evict least-recently-used pages; updates the
+        put counters. The runs are only read (never mutated) and may be reused as
+        soon as this returns. The whole batch is checked before anything is stored
+        or sent: ``ValueError`` for malformed arguments (``keys`` and ``src`` of
+        different lengths, a key that is not 32 bytes, a page with no runs, a run
+        that is not C-contiguous), and the store is then as it was;
+        ``StorageClosedError`` after ``close()``. Thread-safe like ``put``.
+        """
+        ...
+
+
+@runtime_checkable
 class FailedCalls(Protocol):
     """Optional: how many calls failed for a reason other than a miss (no reply in
     time, a refused connection, an error reply, an exception), without any I/O, so

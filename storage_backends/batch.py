@@ -20,17 +20,17 @@ def byte_view(buf: memoryview, writable: bool) -> memoryview:
     view = buf if isinstance(buf, memoryview) else memoryview(buf)
     if writable and view.readonly:
         raise ValueError("get() destination buffers must be writable")
+    if not view.c_contiguous:
+        # A strided buffer cannot be filled or hashed by one pass; callers pass whole pages.
+        raise ValueError("page buffers must be C-contiguous")
     if view.format != "B" or view.ndim != 1:
-        if not view.c_contiguous:
-            # A strided buffer cannot be filled by one copy; callers pass whole pages.
-            raise ValueError("page buffers must be C-contiguous")
         view = view.cast("B")
     return view
 
 
-_SHAPE = attrgetter("format", "ndim", "readonly")
-_WRITABLE = {("B", 1, False)}  # the shape of a writable flat byte view
-_FLAT = {("B", 1, False), ("B", 1, True)}
+_SHAPE = attrgetter("format", "ndim", "readonly", "c_contiguous")
+_WRITABLE = {("B", 1, False, True)}  # the shape of a writable flat byte view
+_FLAT = {("B", 1, False, True), ("B", 1, True, True)}
 
 
 def check_batch(

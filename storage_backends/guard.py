@@ -24,7 +24,7 @@ from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StoreDamagedError
 from storage_backends.log_limit import LogLimiter
 from storage_backends.registry import create
-from storage_backends.scatter import check_scatter, get_scatter
+from storage_backends.scatter import Staging, check_gather, check_scatter, get_scatter, put_gather
 from storage_backends.store_dir import quarantine_store
 from storage_backends.store_kind import as_found
 
@@ -58,6 +58,7 @@ class GuardedBackend:
         self._counters = StatCounters()
         self._last_stats: StorageStats | None = None
         self._log = LogLimiter(logger)
+        self._staging = Staging()  # put_gather's, for a backend without GatherPut
 
     @property
     def backend(self) -> StorageBackend:
@@ -90,6 +91,12 @@ class GuardedBackend:
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         check_batch(keys, src, writable=False)
         return self._call("put", lambda b: b.put(keys, src), [False] * len(keys))
+
+    def put_gather(self, keys: Sequence[bytes], src: list[Sequence[memoryview]]) -> list[bool]:
+        check_gather(keys, src)
+        return self._call(
+            "put", lambda b: put_gather(b, keys, src, self._staging), [False] * len(keys)
+        )
 
     def delete(self, keys: Sequence[bytes]) -> int:
         check_keys(keys)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import xxhash
@@ -55,6 +56,18 @@ def build_header(key: bytes, payload: memoryview | bytes) -> bytes:
     return _HEADER.pack(
         MAGIC, FORMAT_VERSION, 0, key, len(payload), xxhash.xxh3_64_intdigest(payload)
     )
+
+
+def build_runs_header(key: bytes, runs: Sequence[memoryview]) -> bytes:
+    """Header bytes for the payload that is ``runs`` (flat byte views) concatenated in
+    order, without concatenating them: one streaming xxh3 over the runs."""
+    if len(runs) == 1:
+        return build_header(key, runs[0])
+    hasher = xxhash.xxh3_64()
+    for run in runs:
+        hasher.update(run)
+    length = sum(len(run) for run in runs)
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, 0, key, length, hasher.intdigest())
 
 
 def encode_page(key: bytes, payload: memoryview | bytes) -> bytes:

@@ -15,7 +15,9 @@ starts a new one.
 
 from __future__ import annotations
 
-from storage_backends.page_format import HEADER_BYTES, build_header, encode_page
+from collections.abc import Sequence
+
+from storage_backends.page_format import HEADER_BYTES, build_runs_header
 
 # The buffer one thread keeps between batches (so 8 I/O threads keep at most 128 MiB);
 # records beyond it are built one by one.
@@ -58,11 +60,21 @@ class RecordArena:
     def encode(self, key: bytes, payload: memoryview) -> memoryview | bytes:
         """The record of ``payload`` under ``key``: a view into the buffer while it has room,
         else a ``bytes`` of its own (``payload`` is a flat byte view)."""
-        size = HEADER_BYTES + len(payload)
+        return self.encode_runs(key, (payload,))
+
+    def encode_runs(self, key: bytes, runs: Sequence[memoryview]) -> memoryview | bytes:
+        """The record of the page that is ``runs`` (flat byte views) concatenated in order,
+        under ``key``: a view into the buffer while it has room, else a ``bytes`` of its
+        own. Each run is read twice (hashed, copied), never gathered into a page first."""
+        header = build_runs_header(key, runs)
+        size = HEADER_BYTES + sum(len(run) for run in runs)
         if self._used + size > len(self._buf):
-            return encode_page(key, payload)
+            return b"".join((header, *runs))
         record = memoryview(self._buf)[self._used : self._used + size]
-        record[:HEADER_BYTES] = build_header(key, payload)
-        record[HEADER_BYTES:] = payload
+        record[:HEADER_BYTES] = header
+        offset = HEADER_BYTES
+        for run in runs:
+            record[offset : offset + len(run)] = run
+            offset += len(run)
         self._used += size
         return record.toreadonly()

@@ -1,17 +1,22 @@
-"""Scatter reads: one stored page into several buffers (``ScatterGet``), natively or not.
+"""Scatter reads and gather writes: a page as several buffers (``ScatterGet``,
+``GatherPut``), natively or not.
 
-A page can be several runs of memory where it lands (an MHA page in a
-``page_first`` host pool is its K run and its V run). A backend that
-implements ``ScatterGet`` verifies the stored record and copies it straight
-into the runs; ``get_scatter`` here serves every other backend with ``get``
-into one staging page and a copy into the runs, one copy more.
+A page can be several runs of memory where it lands or comes from (an MHA
+page in a ``page_first`` host pool is its K run and its V run). A backend
+that implements ``ScatterGet`` verifies the stored record and copies it
+straight into the runs; ``get_scatter`` here serves every other backend with
+``get`` into one staging page and a copy into the runs, one copy more.
+Writes mirror it: ``GatherPut`` builds the record straight from the runs,
+``put_gather`` here gathers the runs into one staging page for ``put``.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from itertools import accumulate
 
-from storage_backends.base import ScatterGet, StorageBackend
+from storage_backends.base import GatherPut, ScatterGet, StorageBackend
 from storage_backends.batch import byte_view, check_keys
 from storage_backends.page_format import HEADER_BYTES, Verdict, validate
 
@@ -21,6 +26,9 @@ Runs = list[memoryview]
 # Python 3.11, twice a call through the guard: ~3 % of reading one 512 KiB page), and
 # a class does not change. Written from several threads at once; every writer writes the same value.
 _NATIVE: dict[type, bool] = {}
+_NATIVE_GATHER: dict[type, bool] = {}
+# The most staging bytes a thread keeps between calls (a bigger batch gets its own).
+STAGING_BYTES = 64 << 20
 
 
 def check_scatter(keys: Sequence[bytes], dst: Sequence[Sequence[memoryview]]) -> list[Runs]:
@@ -90,3 +98,87 @@ def get_scatter(
         if hit and len(page_runs) > 1:
             scatter(view, page_runs)
     return hits
+
+
+class Staging:
+    """One staging buffer per calling thread, reused from call to call (fresh memory is
+    faulted in and zeroed by the kernel: as costly as the copy it stages).
+
+    Thread-safe: each thread sees only its own buffer. A buffer stays valid for its
+    thread until that thread's next ``buffer`` call.
+    """
+
+    def __init__(self, max_bytes: int = STAGING_BYTES) -> None:
+        self._max_bytes = max_bytes
+        self._local = threading.local()
+
+    def buffer(self, nbytes: int) -> memoryview:
+        """A writable byte buffer of at least ``nbytes`` (kept if within the cap)."""
+        kept: memoryview | None = getattr(self._local, "buffer", None)
+        if kept is not None and len(kept) >= nbytes:
+            return kept
+        fresh = memoryview(bytearray(nbytes))
+        if nbytes <= self._max_bytes:
+            self._local.buffer = fresh
+        return fresh
+
+
+def check_gather(keys: Sequence[bytes], src: Sequence[Sequence[memoryview]]) -> list[Runs]:
+    """Validate a gather batch (ValueError: lengths, keys, a page with no runs, a run
+    that is not C-contiguous) and return flat read-only-or-not byte views of each run."""
+    if len(keys) != len(src):
+        raise ValueError(f"got {len(keys)} keys but {len(src)} sources")
+    check_keys(keys)
+    out: list[Runs] = []
+    for i, runs in enumerate(src):
+        if isinstance(runs, memoryview | bytes | bytearray) or len(runs) == 0:
+            raise ValueError(f"page {i} needs a sequence of at least one run, got {runs!r:.80}")
+        out.append([byte_view(run, writable=False) for run in runs])
+    return out
+
+
+def gather(runs: Sequence[memoryview], page: memoryview) -> memoryview:
+    """Copy ``runs`` in order into ``page`` (of their total length) and return it."""
+    ends = list(accumulate(len(run) for run in runs))
+    for run, end in zip(runs, ends, strict=True):
+        page[end - len(run) : end] = run
+    return page
+
+
+def has_gather(backend: StorageBackend) -> bool:
+    """Whether ``backend`` implements ``GatherPut`` (decided once per class)."""
+    kind = type(backend)
+    native = _NATIVE_GATHER.get(kind)
+    if native is None:
+        native = _NATIVE_GATHER[kind] = isinstance(backend, GatherPut)
+    return native
+
+
+def put_gather(
+    backend: StorageBackend,
+    keys: Sequence[bytes],
+    src: list[Sequence[memoryview]],
+    staging: Staging | None = None,
+) -> list[bool]:
+    """``backend.put_gather`` where the backend has it, else the runs of each page
+    gathered into one staging page and ``put`` (a one-run page needs no staging).
+
+    ``staging``: the caller's per-thread buffers to gather into (None: this call
+    allocates its own). Promises and errors as ``GatherPut.put_gather`` (the batch
+    is checked before ``put`` is called); thread-safe like the backend's ``put``.
+    """
+    if has_gather(backend):
+        return backend.put_gather(keys, src)  # type: ignore[attr-defined]
+    runs = check_gather(keys, src)
+    need = sum(total(r) for r in runs if len(r) > 1)
+    buffer = staging.buffer(need) if staging is not None else memoryview(bytearray(need))
+    views: list[memoryview] = []
+    offset = 0
+    for page_runs in runs:
+        if len(page_runs) == 1:
+            views.append(page_runs[0])
+            continue
+        size = total(page_runs)
+        views.append(gather(page_runs, buffer[offset : offset + size]))
+        offset += size
+    return backend.put(keys, views)

@@ -51,3 +51,15 @@ class ScatterOnlyMemory(MemoryBackend):
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         raise RuntimeError("get() called where get_scatter() was expected")
+
+
+class GatherOnlyMemory(MemoryBackend):
+    """A memory store whose plain ``put`` refuses a batch: a caller that should store
+    pages straight from their runs (``put_gather``) gets failures if it stages them."""
+
+    def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
+        raise RuntimeError("put() called where put_gather() was expected")
+
+    def put_gather(self, keys: Sequence[bytes], src: list[Sequence[memoryview]]) -> list[bool]:
+        pages = [memoryview(b"".join(bytes(run) for run in runs)) for runs in src]
+        return MemoryBackend.put(self, keys, pages)

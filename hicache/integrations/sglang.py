@@ -70,7 +70,7 @@ from hicache.integrations.common import (
     resolve_storage_config,
 )
 from storage_backends.base import StorageBackend, StorageStats
-from storage_backends.scatter import get_scatter
+from storage_backends.scatter import get_scatter, put_gather
 
 logger = logging.getLogger(__name__)
 
@@ -383,17 +383,15 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
 
     def _set_v1(self, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
         geometry = self._check_indices(keys, host_indices)
-        if geometry.zero_copy:
+        if geometry.zero_copy:  # straight from each page's runs (an MHA page: K and V)
             chunks = self._pool_chunks(host_indices, len(keys))
-            if len(chunks[0]) == 1:
-                views = [c[0] for c in chunks]
-            else:
-                staging = self._staging(len(keys))
-                views = [_gather(c, page) for c, page in zip(chunks, staging, strict=True)]
-        else:
-            pool = self.mem_pool_host
-            starts: list[int] = host_indices[:: geometry.indices].tolist()
-            views = [_byte_view(pool.get_data_page(s, flat=True).contiguous()) for s in starts]
+            start = time.perf_counter()
+            stored = put_gather(self._backend, self._keys(keys), list(chunks))
+            self._measure("backup", stored, start)
+            return stored
+        pool = self.mem_pool_host
+        starts: list[int] = host_indices[:: geometry.indices].tolist()
+        views = [_byte_view(pool.get_data_page(s, flat=True).contiguous()) for s in starts]
         start = time.perf_counter()
         stored = self._backend.put(self._keys(keys), views)
         self._measure("backup", stored, start)
@@ -501,11 +499,3 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
             self._meter.record(
                 kind, pages, pages * self._geometry.nbytes, time.perf_counter() - start
             )
-
-
-def _gather(chunks: list[memoryview], page: memoryview) -> memoryview:
-    offset = 0
-    for chunk in chunks:
-        page[offset : offset + len(chunk)] = chunk
-        offset += len(chunk)
-    return page

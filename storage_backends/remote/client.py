@@ -47,7 +47,13 @@ from storage_backends.remote.protocol import (
     StatsReply,
 )
 from storage_backends.remote.shm_lease import ClientLease
-from storage_backends.scatter import Runs, check_scatter, copy_verified_runs, total
+from storage_backends.scatter import (
+    Runs,
+    check_gather,
+    check_scatter,
+    copy_verified_runs,
+    total,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -357,15 +363,25 @@ class RemoteBackend:
     def put(self, keys: Sequence[bytes], src: list[memoryview]) -> list[bool]:
         self._check_open()
         views = check_batch(keys, src, writable=False)
-        fits = [i for i, v in enumerate(views) if len(v) <= self._config.max_page_bytes]
-        parts = [fits[c.start : c.stop] for c in chunks([len(views[i]) for i in fits])]
+        return self._put_runs(keys, [[view] for view in views])
+
+    def put_gather(self, keys: Sequence[bytes], src: list[Sequence[memoryview]]) -> list[bool]:
+        self._check_open()
+        return self._put_runs(keys, check_gather(keys, src))
+
+    def _put_runs(self, keys: Sequence[bytes], pages: list[Runs]) -> list[bool]:
+        """Pages (each its runs, concatenated) to the daemon as records built straight from
+        the runs, never gathered into a page first (``put`` and ``put_gather``)."""
+        sizes = [total(runs) for runs in pages]
+        fits = [i for i, size in enumerate(sizes) if size <= self._config.max_page_bytes]
+        parts = [fits[c.start : c.stop] for c in chunks([sizes[i] for i in fits])]
         results = [False] * len(keys)
-        for group in self._put_rounds(parts, views):
-            self._put_round(group, keys, views, results)
+        for group in self._put_rounds(parts, sizes):
+            self._put_round(group, keys, pages, results)
         self._counters.record_put(sum(results), len(keys) - sum(results), 0)
         return results
 
-    def _put_rounds(self, parts: list[list[int]], views: list[memoryview]) -> list[list[list[int]]]:
+    def _put_rounds(self, parts: list[list[int]], sizes: list[int]) -> list[list[list[int]]]:
         """A put's requests (page indices each) in rounds, each sent once the last was
         answered: one round over frames; through a lease, as many as reuse its put area."""
         lease = self._lease()
@@ -373,7 +389,7 @@ class RemoteBackend:
         rounds: list[list[list[int]]] = [[]]
         used = 0
         for part in parts:
-            size = sum(HEADER_BYTES + len(views[i]) for i in part)
+            size = sum(HEADER_BYTES + sizes[i] for i in part)
             if room and rounds[-1] and used + size > room:
                 rounds.append([])
                 used = 0
@@ -385,7 +401,7 @@ class RemoteBackend:
         self,
         parts: list[list[int]],
         keys: Sequence[bytes],
-        views: list[memoryview],
+        pages: list[Runs],
         results: list[bool],
     ) -> None:
         """One round of PUT requests: through the lease's put area where the records fit,
@@ -394,20 +410,20 @@ class RemoteBackend:
         if lease is not None:
             lease.start()
         lent = [
-            lease.encode([keys[i] for i in part], [views[i] for i in part])
+            lease.encode_runs([keys[i] for i in part], [pages[i] for i in part])
             if lease is not None
             else ()
             for part in parts
         ]
         arena = self._arena()
         framed = [part for part, spans in zip(parts, lent, strict=True) if not spans]
-        arena.start(sum(HEADER_BYTES + len(views[i]) for part in framed for i in part))
+        arena.start(sum(HEADER_BYTES + total(pages[i]) for part in framed for i in part))
         requests = [
             Request(
                 Op.PUT,
                 0,
                 tuple(keys[i] for i in part),
-                () if spans else tuple(arena.encode(keys[i], views[i]) for i in part),
+                () if spans else tuple(arena.encode_runs(keys[i], pages[i]) for i in part),
                 lease=lease.id if spans and lease is not None else 0,
                 spans=spans,
             )

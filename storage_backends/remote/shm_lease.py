@@ -25,7 +25,7 @@ import xxhash
 from storage_backends.page_format import (
     HEADER_BYTES,
     Verdict,
-    build_header,
+    build_runs_header,
     check_header,
     parse_header,
 )
@@ -76,17 +76,24 @@ class ClientLease:
     def encode(self, keys: Sequence[bytes], payloads: Sequence[memoryview]) -> tuple[Span, ...]:
         """Write the records of one request into the put area; () when they do not all fit
         (nothing is taken then)."""
-        need = sum(HEADER_BYTES + len(payload) for payload in payloads)
-        if self._used + need > self._area.length:
+        return self.encode_runs(keys, [[payload] for payload in payloads])
+
+    def encode_runs(self, keys: Sequence[bytes], pages: Sequence[Runs]) -> tuple[Span, ...]:
+        """``encode`` of pages that are each several runs (flat byte views), concatenated
+        in order: each record built straight from its runs, never from a gathered page."""
+        sizes = [total(runs) for runs in pages]
+        if self._used + sum(HEADER_BYTES + size for size in sizes) > self._area.length:
             return ()
         spans: list[Span] = []
-        for key, payload in zip(keys, payloads, strict=True):
+        for key, runs, size in zip(keys, pages, sizes, strict=True):
             offset = self._area.offset + self._used
-            size = HEADER_BYTES + len(payload)
-            self._view[offset : offset + HEADER_BYTES] = build_header(key, payload)
-            self._view[offset + HEADER_BYTES : offset + size] = payload
-            self._used += size
-            spans.append(Span(offset, size))
+            self._view[offset : offset + HEADER_BYTES] = build_runs_header(key, runs)
+            at = offset + HEADER_BYTES
+            for run in runs:
+                self._view[at : at + len(run)] = run
+                at += len(run)
+            self._used += HEADER_BYTES + size
+            spans.append(Span(offset, HEADER_BYTES + size))
         return tuple(spans)
 
     def read(self, span: Span, key: bytes, runs: Runs) -> bool:

@@ -35,3 +35,8 @@ def test_other_buffers_become_flat_byte_views() -> None:
     strided = memoryview(array.array("I", [1, 2, 3, 4]))[::2]
     with pytest.raises(ValueError, match="contiguous"):
         check_batch(KEYS[:1], [strided], writable=True)
+    every_other_byte = memoryview(bytearray(16))[::2]  # a flat byte view, but strided
+    with pytest.raises(ValueError, match="contiguous"):
+        check_batch(KEYS[:2], [memoryview(bytearray(8)), every_other_byte], writable=True)
+    with pytest.raises(ValueError, match="contiguous"):
+        check_batch(KEYS[:1], [every_other_byte.toreadonly()], writable=False)

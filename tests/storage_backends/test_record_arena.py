@@ -73,3 +73,21 @@ def test_zero_cap_builds_every_record_alone() -> None:
     assert isinstance(arena.encode(_key(0), memoryview(b"abc")), bytes)
     with pytest.raises(ValueError, match="max_bytes"):
         RecordArena(-1)
+
+
+@pytest.mark.parametrize("cap", [1 << 20, 0])  # in the buffer, and each record on its own
+@pytest.mark.parametrize("splits", [[1000], [1, 999], [300, 300, 400], [0, 500, 0, 500]])
+def test_records_of_runs_are_the_records_of_their_concatenation(
+    cap: int, splits: list[int]
+) -> None:
+    arena = RecordArena(cap)
+    pays = _payloads(3, 1000, 7)
+    arena.start(3 * (HEADER_BYTES + 1000))
+    records = []
+    for i, payload in enumerate(pays):
+        ends = [sum(splits[: j + 1]) for j in range(len(splits))]
+        runs = [payload[end - n : end] for n, end in zip(splits, ends, strict=True)]
+        records.append(arena.encode_runs(_key(i), runs))
+    for i, (record, payload) in enumerate(zip(records, pays, strict=True)):
+        assert bytes(record) == encode_page(_key(i), payload)
+        assert validate(memoryview(record), _key(i), len(payload)) is Verdict.OK
