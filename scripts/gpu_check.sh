@@ -5,7 +5,7 @@
 # GPU machine has no network), records the GPU, driver and library versions,
 # then runs, each step bounded by a timeout and logged on its own:
 #   1. pytest -m gpu                       (every GPU-marked test)
-#   2. the engine correctness tests on CUDA (tests/engine/test_cuda.py)
+#   2. the engine correctness tests on CUDA (tests/hicache/engine/test_cuda.py)
 #   3. hicache bench transfer --device cuda --json, io backends direct and
 #      kernel (kernel only when cupy imports)
 # Everything lands in one folder: --out DIR, else $OUT, else ./gpu-check-<time>.
@@ -127,7 +127,7 @@ except (OSError, subprocess.SubprocessError) as exc:
 step pytest_gpu "$PY" -m pytest -m gpu -rs -p no:cacheprovider \
     --junitxml="$OUT_DIR/pytest_gpu.xml" tests
 step engine_cuda "$PY" -m pytest -m gpu -rs -p no:cacheprovider \
-    --junitxml="$OUT_DIR/engine_cuda.xml" tests/engine/test_cuda.py
+    --junitxml="$OUT_DIR/engine_cuda.xml" tests/hicache/engine/test_cuda.py
 
 BENCH_ARGS=(--device cuda)
 if [ "$QUICK" = 1 ]; then
