@@ -106,7 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch intra-op threads (SGLang's page copies are torch ops; on a loaded "
         "machine more threads make every copy wait for a busy core)",
     )
-    parser.add_argument("--dir", type=Path, help="scratch directory (default: a temp dir)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        help="the run's scratch goes in a fresh directory made here, removed after "
+        "(created if missing; default: the system's temp dir)",
+    )
     parser.add_argument(
         "--linker",
         action="store_true",
@@ -397,6 +402,8 @@ def run(args: argparse.Namespace) -> int:
     geometry = Geometry(
         args.pages, args.page_size, args.layers, args.kv_heads, args.head_dim, args.layout
     )
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="hicache-sglang-", dir=args.dir))
     try:
         rows = measure(geometry, root, args.repeat, args.daemon_set)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -140,6 +141,7 @@ def measure(
 
     from hicache.integrations.vllm_cpu import PrimaryBuffer, cpu_offloading_spec
 
+    _empty_stores(root, targets)
     primary = PrimaryBuffer(2 * count, chunk)
     primary.array[:] = np.random.default_rng(0).integers(0, 256, primary.array.shape, np.uint8)
     spec = cpu_offloading_spec(chunk, 2 * count, model="bench/vllm")
@@ -161,6 +163,13 @@ def measure(
     ]
 
 
+def _empty_stores(root: Path, targets: list[str]) -> None:
+    """Remove the stores an earlier run left under ``root`` (``--dir``): a store that holds
+    the chunks already would make their store jobs measure nothing."""
+    for name in ("fs", *targets, *(f"{t}-store" for t in targets)):
+        shutil.rmtree(root / name, ignore_errors=True)
+
+
 def _tier_config(
     target: str, root: Path, workers: int, daemon: DaemonArgs, stack: ExitStack
 ) -> dict[str, object]:
@@ -178,7 +187,7 @@ def _tier_config(
     endpoint = sockets.get(target, "tcp://127.0.0.1:0")
     store, extra = root / f"{target}-store", serve_sets(daemon.sets)
     shm = target == "daemon-shm"
-    if shm:  # the endpoint too: --set is checked before --endpoint applies
+    if shm:  # the slab needs the ipc endpoint in the config it is checked against
         extra += ["--set", f"server.endpoint={endpoint}", "--set", f"server.shm_bytes={SHM_BYTES}"]
     server = stack.enter_context(start_daemon(daemon.config, store, endpoint, extra=extra))
     return {**ours, "hicache_config": "remote", "endpoint": server.endpoint, "shm": shm}

@@ -8,6 +8,7 @@ import pytest
 
 from hicache.bench import sglang as bench
 from hicache.bench.processes import ServerProcess
+from hicache.cli import main
 
 TINY = bench.Geometry(pages=4, page_size=4, layers=2, heads=1, head_dim=8, layout="page_first")
 
@@ -32,3 +33,10 @@ def test_bench_is_registered() -> None:
 
     assert BENCHMARKS["sglang"].module == "hicache.bench.sglang"
     assert load("sglang") is bench
+
+
+def test_a_dir_that_does_not_exist_is_made_and_left_empty(tmp_path: Path) -> None:
+    scratch = tmp_path / "not" / "yet"
+    argv = ["bench", "sglang", "--pages", "16", "--layers", "2", "--repeat", "1"]
+    assert main([*argv, "--dir", str(scratch)]) == 0
+    assert scratch.is_dir() and not any(scratch.iterdir())

@@ -42,3 +42,16 @@ def test_daemon_set_reaches_the_daemon(tmp_path: Path, backend: str) -> None:
 def test_a_malformed_daemon_setting_is_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         daemon_setting(text)
+
+
+def test_a_second_run_in_the_same_dir_starts_from_empty_stores(tmp_path: Path) -> None:
+    """Stores an earlier run left under ``--dir`` hold the chunks already; the next run
+    must not store into them (a store of chunks present measures nothing)."""
+    stores = tmp_path / "stores"
+    argv = ["bench", "vllm", "--chunk-kb", "4", "--chunks", "64", "--targets", "disk"]
+    argv += ["--dir", str(stores), "--repeat", "1"]
+    assert main(argv) == 0
+    planted = stores / "disk" / "left-by-an-earlier-run"
+    planted.write_bytes(b"x")
+    assert main(argv) == 0
+    assert not planted.exists()
