@@ -101,6 +101,7 @@ class Allocator:
         self._segment_bytes = segment_bytes
         self._max_bytes = max_bytes
         self.allocated = from_u64(txn.get(_ALLOCATED, db=dbs.meta))
+        self._allocated_read = self.allocated  # written back by ``finish`` only if changed
         self._tails: dict[int, int] | None = None
         self._changed: set[int] = set()
 
@@ -170,8 +171,9 @@ class Allocator:
     def _bump(self, cls: SlotClass, count: int) -> list[SlotRun]:
         """Runs of new slots at segment tails with room, in segment order."""
         runs: list[SlotRun] = []
-        for segment in _candidates(self._tail_map()):
-            tail = self._tail(segment)
+        tails = self._tail_map()
+        for segment in _candidates(tails):
+            tail = tails.get(segment, 0)
             start = round_up(tail, cls.align)
             room = self._max_bytes + cls.stride - self.allocated - (start - tail)
             fit = min(count, (self._segment_bytes - start) // cls.stride, room // cls.stride)
@@ -281,7 +283,8 @@ class Allocator:
         return len(legacy)
 
     def finish(self) -> None:
-        self._txn.put(_ALLOCATED, u64(self.allocated), db=self._dbs.meta)
+        if self.allocated != self._allocated_read:
+            self._txn.put(_ALLOCATED, u64(self.allocated), db=self._dbs.meta)
         for segment in self._changed:
             key = TAIL_PREFIX + segment.to_bytes(4, "big")
             tail = self._tail(segment)
