@@ -75,6 +75,10 @@ def _candidates(tails: dict[int, int]) -> Iterator[int]:
     yield from unused
 
 
+def _tail_key(segment: int) -> bytes:
+    return TAIL_PREFIX + segment.to_bytes(4, "big")
+
+
 class FreeDbs(NamedTuple):
     free: lmdb._Database  # extent start (Slot) -> u64 length
     by_size: lmdb._Database  # u64 length + extent start -> b"" (smallest first)
@@ -101,7 +105,9 @@ class Allocator:
         self._segment_bytes = segment_bytes
         self._max_bytes = max_bytes
         self.allocated = from_u64(txn.get(_ALLOCATED, db=dbs.meta))
-        self._tails: dict[int, int] | None = None
+        self._allocated_read = self.allocated  # written back by ``finish`` only if changed
+        self._tails: dict[int, int] | None = None  # every tail, read on first need
+        self._read_tails: dict[int, int] = {}  # single tails read before that
         self._changed: set[int] = set()
 
     def take(self, cls: SlotClass, count: int) -> list[SlotRun]:
@@ -161,7 +167,14 @@ class Allocator:
         return self._tails
 
     def _tail(self, segment: int) -> int:
-        return self._tail_map().get(segment, 0)
+        """``segment``'s tail; one key read unless every tail is read already."""
+        if self._tails is not None:
+            return self._tails.get(segment, 0)
+        tail = self._read_tails.get(segment)
+        if tail is None:
+            raw = self._txn.get(_tail_key(segment), db=self._dbs.meta)
+            tail = self._read_tails[segment] = from_u64(raw)
+        return tail
 
     def _set_tail(self, segment: int, tail: int) -> None:
         self._tail_map()[segment] = tail
@@ -170,8 +183,9 @@ class Allocator:
     def _bump(self, cls: SlotClass, count: int) -> list[SlotRun]:
         """Runs of new slots at segment tails with room, in segment order."""
         runs: list[SlotRun] = []
-        for segment in _candidates(self._tail_map()):
-            tail = self._tail(segment)
+        tails = self._tail_map()
+        for segment in _candidates(tails):
+            tail = tails.get(segment, 0)
             start = round_up(tail, cls.align)
             room = self._max_bytes + cls.stride - self.allocated - (start - tail)
             fit = min(count, (self._segment_bytes - start) // cls.stride, room // cls.stride)
@@ -281,9 +295,10 @@ class Allocator:
         return len(legacy)
 
     def finish(self) -> None:
-        self._txn.put(_ALLOCATED, u64(self.allocated), db=self._dbs.meta)
+        if self.allocated != self._allocated_read:
+            self._txn.put(_ALLOCATED, u64(self.allocated), db=self._dbs.meta)
         for segment in self._changed:
-            key = TAIL_PREFIX + segment.to_bytes(4, "big")
+            key = _tail_key(segment)
             tail = self._tail(segment)
             if tail:
                 self._txn.put(key, u64(tail), db=self._dbs.meta)

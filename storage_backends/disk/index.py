@@ -138,6 +138,7 @@ class IndexWriter:
             txn, FreeDbs(dbs.free, dbs.free_class, dbs.meta), segment_bytes, max_bytes
         )
         self.bytes_used = from_u64(txn.get(META_BYTES_USED, db=dbs.meta))
+        self._bytes_used_read = self.bytes_used  # written back by ``finish`` only if changed
         cursor = txn.cursor(db=dbs.lru)
         self._next_stamp = from_u64(cursor.key()) + 1 if cursor.last() else 0
         self._max_bytes = max_bytes
@@ -174,6 +175,8 @@ class IndexWriter:
         """``touch`` each key in turn (the last touch of a repeated key counts), with the
         least work a key: the stamp is swapped in the stored value's bytes, the new
         recency entries go in with one call. Keys that are gone or damaged are skipped."""
+        if not keys:
+            return
         get, put, delete = self._txn.get, self._txn.put, self._txn.delete
         pages, lru = self._dbs.pages, self._dbs.lru
         size, at = LOCATION_STRUCT.size, LOCATION_STRUCT.size - 8  # the stamp: last, u64 LE
@@ -250,8 +253,8 @@ class IndexWriter:
                 break
         runs = self.alloc.take(cls, count)
         taken = sum(run.n_slots for run in runs)
-        room = Room(self, cls, read_key)
-        while taken < count and room.make():
+        room = Room(self, cls, read_key) if taken < count else None
+        while taken < count and room is not None and room.make():
             more = self.alloc.take(cls, count - taken)
             runs += more
             taken += sum(run.n_slots for run in more)
@@ -276,6 +279,8 @@ class IndexWriter:
         stamp = self._next_stamp
         self._next_stamp += len(keys)
         raws = Location.packed_run(run, cls, lengths, stamp)
+        if len(keys) == 1:
+            return [self._insert_one(keys[0], raws[0], stamp, lengths[0])]
         pages = self._txn.cursor(db=self._dbs.pages)
         _, added = pages.putmulti(zip(keys, raws, strict=True), overwrite=False)
         if added == len(keys):
@@ -288,6 +293,14 @@ class IndexWriter:
             self._txn.cursor(db=self._dbs.lru).putmulti(recency)
         self.bytes_used += sum(HEADER_BYTES + n for n, ok in zip(lengths, fresh, strict=True) if ok)
         return fresh
+
+    def _insert_one(self, key: bytes, raw: bytes, stamp: int, length: int) -> bool:
+        """``insert_run`` of one record (its packed location ``raw``) without cursors."""
+        if not self._txn.put(key, raw, db=self._dbs.pages, overwrite=False):
+            return False
+        self._txn.put(_STAMP.pack(stamp), key, db=self._dbs.lru)
+        self.bytes_used += HEADER_BYTES + length
+        return True
 
     def reclaim_pending(self, alive: bool | None) -> int:
         """Free reservations of owners that are gone (``alive`` None: ask the OS per owner;
@@ -304,7 +317,8 @@ class IndexWriter:
         return sum(len(reserved) for _, reserved in stale)
 
     def finish(self) -> None:
-        self._txn.put(META_BYTES_USED, u64(self.bytes_used), db=self._dbs.meta)
+        if self.bytes_used != self._bytes_used_read:
+            self._txn.put(META_BYTES_USED, u64(self.bytes_used), db=self._dbs.meta)
         self.alloc.finish()
 
 

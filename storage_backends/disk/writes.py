@@ -117,7 +117,8 @@ class DiskWrites:
             self._ctx.log.failure("disk store index full or failing; batch not stored", exc)
             self._ctx.counters.record_put(0, len(keys), 0)
             return [False] * len(keys)
-        self._ctx.counters.note_removed(outcome.removed)
+        if outcome.removed:
+            self._ctx.counters.note_removed(outcome.removed)
         failures = outcome.results.count(False)
         self._ctx.counters.record_put(outcome.stored, failures, outcome.evictions)
         return outcome.results
@@ -148,7 +149,7 @@ class DiskWrites:
             self._fault(PutPhase.AFTER_DATA)
             stored = self._index_written(writer, placed, written, results)
             self._fault(PutPhase.IN_COMMIT)
-        removed = writer.removed + [page.key for page in given_up]
+        removed = writer.removed + [page.key for page in given_up] if given_up else writer.removed
         return _Outcome(results, stored, writer.evictions + len(given_up), removed)
 
     def _new_pages(
@@ -277,15 +278,20 @@ class DiskWrites:
         stored = 0
         for span, ok in zip(placed, written, strict=True):
             run, pages = span.slots, span.pages
-            unused = run.slots(span.cls.stride)
+            unused = [] if ok else run.slots(span.cls.stride)
             if ok:
                 keys, lengths = [p.key for p in pages], [len(p.view) for p in pages]
                 fresh = writer.insert_run(run, span.cls, keys, lengths)
                 for page in pages:
                     results[page.pos] = True
                 stored += sum(fresh)
-                # Stored meanwhile: not while this transaction holds the writer lock.
-                unused = [slot for slot, new in zip(unused, fresh, strict=True) if not new]
+                if not all(fresh):  # stored meanwhile: not while this transaction holds
+                    # the writer lock
+                    unused = [
+                        slot
+                        for slot, new in zip(run.slots(span.cls.stride), fresh, strict=True)
+                        if not new
+                    ]
             for slot in unused:
                 writer.alloc.release(slot, span.cls)
         return stored
@@ -294,6 +300,8 @@ class DiskWrites:
 def _groups(pages: list[_Page], direct_io: bool) -> list[_Group]:
     """``pages`` by slot class (a batch usually holds one page size: one group), largest
     stride first: the smaller slots then fit around the larger ones, not in their way."""
+    if len(pages) == 1:
+        return [_Group(slot_class(len(pages[0].view), direct_io), pages)]
     lengths = {len(page.view) for page in pages}
     if len(lengths) == 1:
         return [_Group(slot_class(lengths.pop(), direct_io), pages)]

@@ -71,6 +71,11 @@ class AllocatorModel(RuleBasedStateMachine):
             allocated = writer.alloc.allocated
         assert allocated >= sum(cls.stride for cls in self.taken.values())
         assert allocated <= MAX_BYTES + max(cls.stride for cls in CLASSES)
+        # No free extent ends at a tail: each segment's tail is its last taken slot's end.
+        ends: dict[int, int] = {}
+        for slot, cls in self.taken.items():
+            ends[slot.segment] = max(ends.get(slot.segment, 0), slot.offset + cls.stride)
+        assert allocated == sum(ends.values()), "a tail is not where the last taken slot ends"
 
     def _holes_that_fit(self, cls: SlotClass) -> int:
         """How many slots of ``cls`` the free space between taken slots holds."""
