@@ -38,6 +38,7 @@ from storage_backends.page_format import (
     HEADER_BYTES,
     Verdict,
     encode_page,
+    header_for,
     validate,
 )
 from storage_backends.recency import FLUSH_AT, PendingTouches
@@ -49,7 +50,7 @@ from storage_backends.store_dir import (
     reconcile_meta,
     stored_fingerprint,
 )
-from storage_backends.trusted_records import check_record_buffers, header_for, trusted_records
+from storage_backends.trusted_records import check_record_buffers, trusted_records
 
 logger = logging.getLogger(__name__)
 

@@ -51,23 +51,32 @@ class PageHeader(NamedTuple):
     checksum: int
 
 
+def header_for(key: bytes, payload_len: int, checksum: int) -> bytes:
+    """The header of a payload of ``payload_len`` bytes whose xxh3 is ``checksum``, under
+    ``key`` (no hashing: for a checksum already known)."""
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, 0, key, payload_len, checksum)
+
+
 def build_header(key: bytes, payload: memoryview | bytes) -> bytes:
     """Header bytes for ``payload`` stored under ``key``."""
-    return _HEADER.pack(
-        MAGIC, FORMAT_VERSION, 0, key, len(payload), xxhash.xxh3_64_intdigest(payload)
-    )
+    return header_for(key, len(payload), xxhash.xxh3_64_intdigest(payload))
 
 
-def build_runs_header(key: bytes, runs: Sequence[memoryview]) -> bytes:
-    """Header bytes for the payload that is ``runs`` (flat byte views) concatenated in
-    order, without concatenating them: one streaming xxh3 over the runs."""
+def runs_checksum(runs: Sequence[memoryview]) -> int:
+    """xxh3_64 of the payload that is ``runs`` (flat byte views) back to back, without
+    concatenating them."""
     if len(runs) == 1:
-        return build_header(key, runs[0])
+        return xxhash.xxh3_64_intdigest(runs[0])
     hasher = xxhash.xxh3_64()
     for run in runs:
         hasher.update(run)
-    length = sum(len(run) for run in runs)
-    return _HEADER.pack(MAGIC, FORMAT_VERSION, 0, key, length, hasher.intdigest())
+    return hasher.intdigest()
+
+
+def build_runs_header(key: bytes, runs: Sequence[memoryview]) -> bytes:
+    """Header bytes for the payload that is ``runs`` concatenated in order: one
+    streaming xxh3 over the runs."""
+    return header_for(key, sum(len(run) for run in runs), runs_checksum(runs))
 
 
 def encode_page(key: bytes, payload: memoryview | bytes) -> bytes:

@@ -21,12 +21,12 @@ from storage_backends.batch import byte_view, check_keys
 from storage_backends.page_format import HEADER_BYTES, Verdict, validate
 
 Runs = list[memoryview]
-# Whether a backend class has ``get_scatter``, by class: ``isinstance`` against a
-# runtime-checkable Protocol walks the protocol's members on every call (about 9 us on
-# Python 3.11, twice a call through the guard: ~3 % of reading one 512 KiB page), and
-# a class does not change. Written from several threads at once; every writer writes the same value.
-_NATIVE: dict[type, bool] = {}
-_NATIVE_GATHER: dict[type, bool] = {}
+# Whether a backend class implements ``ScatterGet`` / ``GatherPut``, by (class, protocol):
+# ``isinstance`` against a runtime-checkable Protocol walks the protocol's members on
+# every call (about 9 us on Python 3.11, twice a call through the guard: ~3 % of reading
+# one 512 KiB page), and a class does not change. Written from several threads at once;
+# every writer writes the same value.
+_NATIVE: dict[tuple[type, type], bool] = {}
 # The most staging bytes a thread keeps between calls (a bigger batch gets its own).
 STAGING_BYTES = 64 << 20
 
@@ -62,13 +62,38 @@ def copy_verified_runs(blob: memoryview, key: bytes, runs: Sequence[memoryview])
     return verdict
 
 
+def _implements(backend: StorageBackend, protocol: type) -> bool:
+    """Whether ``backend`` implements ``protocol`` (decided once per class)."""
+    at = (type(backend), protocol)
+    native = _NATIVE.get(at)
+    if native is None:
+        native = _NATIVE[at] = isinstance(backend, protocol)
+    return native
+
+
 def has_scatter(backend: StorageBackend) -> bool:
     """Whether ``backend`` implements ``ScatterGet`` (decided once per class)."""
-    kind = type(backend)
-    native = _NATIVE.get(kind)
-    if native is None:
-        native = _NATIVE[kind] = isinstance(backend, ScatterGet)
-    return native
+    return _implements(backend, ScatterGet)
+
+
+def _flat_pages(runs: list[Runs], staging: memoryview) -> list[memoryview]:
+    """Each page as one flat view: its run when it has one, else its slice of
+    ``staging`` (laid out in page order; ``staged_bytes(runs)`` long at least)."""
+    views: list[memoryview] = []
+    offset = 0
+    for page_runs in runs:
+        if len(page_runs) == 1:
+            views.append(page_runs[0])
+            continue
+        size = total(page_runs)
+        views.append(staging[offset : offset + size])
+        offset += size
+    return views
+
+
+def _staged_bytes(runs: list[Runs]) -> int:
+    """The staging bytes ``_flat_pages`` needs: the pages of more than one run."""
+    return sum(total(r) for r in runs if len(r) > 1)
 
 
 def get_scatter(
@@ -83,16 +108,7 @@ def get_scatter(
     if has_scatter(backend):
         return backend.get_scatter(keys, dst)  # type: ignore[attr-defined]
     runs = check_scatter(keys, dst)
-    sizes = [total(r) for r in runs]
-    staging = memoryview(bytearray(sum(s for s, r in zip(sizes, runs, strict=True) if len(r) > 1)))
-    views: list[memoryview] = []
-    offset = 0
-    for size, page_runs in zip(sizes, runs, strict=True):
-        if len(page_runs) == 1:
-            views.append(page_runs[0])
-        else:
-            views.append(staging[offset : offset + size])
-            offset += size
+    views = _flat_pages(runs, memoryview(bytearray(_staged_bytes(runs))))
     hits = backend.get(keys, views)
     for hit, view, page_runs in zip(hits, views, runs, strict=True):
         if hit and len(page_runs) > 1:
@@ -147,11 +163,7 @@ def gather(runs: Sequence[memoryview], page: memoryview) -> memoryview:
 
 def has_gather(backend: StorageBackend) -> bool:
     """Whether ``backend`` implements ``GatherPut`` (decided once per class)."""
-    kind = type(backend)
-    native = _NATIVE_GATHER.get(kind)
-    if native is None:
-        native = _NATIVE_GATHER[kind] = isinstance(backend, GatherPut)
-    return native
+    return _implements(backend, GatherPut)
 
 
 def put_gather(
@@ -170,15 +182,10 @@ def put_gather(
     if has_gather(backend):
         return backend.put_gather(keys, src)  # type: ignore[attr-defined]
     runs = check_gather(keys, src)
-    need = sum(total(r) for r in runs if len(r) > 1)
+    need = _staged_bytes(runs)
     buffer = staging.buffer(need) if staging is not None else memoryview(bytearray(need))
-    views: list[memoryview] = []
-    offset = 0
-    for page_runs in runs:
-        if len(page_runs) == 1:
-            views.append(page_runs[0])
-            continue
-        size = total(page_runs)
-        views.append(gather(page_runs, buffer[offset : offset + size]))
-        offset += size
+    views = _flat_pages(runs, buffer)
+    for view, page_runs in zip(views, runs, strict=True):
+        if len(page_runs) > 1:
+            gather(page_runs, view)
     return backend.put(keys, views)

@@ -20,7 +20,6 @@ from storage_backends.batch import byte_view, check_keys
 from storage_backends.page_format import (
     FORMAT_VERSION,
     HEADER_BYTES,
-    HEADER_STRUCT,
     KEY_BYTES,
     MAGIC,
     parse_header,
@@ -35,11 +34,6 @@ class TrustedRecord(NamedTuple):
 
     payload: memoryview
     checksum: int
-
-
-def header_for(key: bytes, payload_len: int, checksum: int) -> bytes:
-    """The header of a record of ``payload_len`` bytes under ``key`` (no hashing)."""
-    return HEADER_STRUCT.pack(MAGIC, FORMAT_VERSION, 0, key, payload_len, checksum)
 
 
 def trusted_records(

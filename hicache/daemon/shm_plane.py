@@ -41,14 +41,14 @@ _NO_AREA = Span(0, 0)
 def slab_path(endpoint: str) -> str:
     """Where this daemon, bound to ``endpoint``, keeps its slab: named by the user, the
     endpoint and the pid, so that ``remove_stale`` can tell what a dead daemon left."""
-    digest = hashlib.sha256(endpoint.encode()).hexdigest()[:16]
-    return os.path.join(_slab_dir(), f"{_PREFIX}{os.getuid()}-{digest}-{os.getpid()}")
+    name = f"{_PREFIX}{os.getuid()}-{_endpoint_tag(endpoint)}-{os.getpid()}"
+    return os.path.join(_slab_dir(), name)
 
 
 def remove_stale(endpoint: str) -> int:
     """Remove this user's slabs whose daemon is gone (killed before it could remove its
     own), and any other slab of ``endpoint``; return how many."""
-    digest = hashlib.sha256(endpoint.encode()).hexdigest()[:16]
+    digest = _endpoint_tag(endpoint)
     mine = f"{_PREFIX}{os.getuid()}-"
     removed = 0
     for name in os.listdir(_slab_dir()):
@@ -63,6 +63,11 @@ def remove_stale(endpoint: str) -> int:
 
 
 _PREFIX = "hicache-slab-"
+
+
+def _endpoint_tag(endpoint: str) -> str:
+    """The part of a slab's name that says which endpoint its daemon was bound to."""
+    return hashlib.sha256(endpoint.encode()).hexdigest()[:16]
 
 
 def _slab_dir() -> str:

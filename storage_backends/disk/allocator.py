@@ -65,6 +65,12 @@ class Extent(NamedTuple):
         return u64(self.length) + SLOT_STRUCT.pack(self.segment, self.offset)
 
 
+def _sized(raw: bytes | memoryview) -> Extent:
+    """The extent of a by-size table key (``Extent.size_key``)."""
+    start = Slot.unpack(bytes(raw[8:]))
+    return Extent(start.segment, start.offset, from_u64(raw[:8]))
+
+
 def _candidates(tails: dict[int, int]) -> Iterator[int]:
     """Segments a bump may extend, in order: those in use and the first unused one, then
     the further unused ones (a batch may fill more than one new segment; the caller
@@ -128,8 +134,7 @@ class Allocator:
             return fits
         found = 0
         for raw in cursor.iternext(values=False):
-            start = Slot.unpack(bytes(raw[8:]))
-            extent = Extent(start.segment, start.offset, from_u64(raw[:8]))
+            extent = _sized(raw)
             gap = round_up(extent.offset, cls.align) - extent.offset
             slots = max(0, extent.length - gap) // cls.stride
             if slots:
@@ -272,8 +277,7 @@ class Allocator:
         if limit < 1 or not cursor.last():
             return extents
         for raw in cursor.iterprev(values=False):
-            start = Slot.unpack(bytes(raw[8:]))
-            extents.append(Extent(start.segment, start.offset, from_u64(raw[:8])))
+            extents.append(_sized(raw))
             if len(extents) == limit:
                 break
         return extents

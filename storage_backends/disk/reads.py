@@ -21,14 +21,8 @@ from storage_backends.disk.index import IndexWriter
 from storage_backends.disk.layout import LOCATION_STRUCT, Location
 from storage_backends.disk.parts import DiskParts
 from storage_backends.disk.read_plan import GAP_MAX, IOV_MAX, ReadPlan, ReadRun, plan_reads
-from storage_backends.disk.records import check_read, check_run, checksums, digest
-from storage_backends.page_format import (
-    FORMAT_VERSION,
-    HEADER_BYTES,
-    HEADER_STRUCT,
-    MAGIC,
-    Verdict,
-)
+from storage_backends.disk.records import check_read, check_run, checksums
+from storage_backends.page_format import HEADER_BYTES, Verdict, header_for, runs_checksum
 from storage_backends.recency import FLUSH_AT
 from storage_backends.trusted_records import check_record_buffers
 
@@ -163,7 +157,7 @@ class DiskReads:
         length = got - HEADER_BYTES
         if length != sum(map(len, runs)):
             return False  # the file ends inside the record
-        intact = header == HEADER_STRUCT.pack(MAGIC, FORMAT_VERSION, 0, key, length, digest(runs))
+        intact = header == header_for(key, length, runs_checksum(runs))
         if intact and head is not None:
             head[:] = header
         return intact
@@ -218,7 +212,7 @@ class DiskReads:
             return [False] * m
         if got != want:  # the file ends inside the run: each record on its own
             return self._read_each(run, keys, dest, to)
-        sums = checksums(columns) if columns is not None else list(map(digest, pages))
+        sums = checksums(columns) if columns is not None else list(map(runs_checksum, pages))
         intact = check_run(headers, run_keys, run.payload_lens, sums)
         if to is not None:
             for k, (pos, ok) in enumerate(zip(run.positions, intact, strict=True)):

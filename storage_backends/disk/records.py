@@ -23,24 +23,15 @@ from storage_backends.page_format import (
     Verdict,
     check_header,
     parse_header,
+    runs_checksum,
 )
-
-
-def digest(runs: Sequence[memoryview]) -> int:
-    """xxh3_64 of the runs' bytes, back to back."""
-    if len(runs) == 1:
-        return xxhash.xxh3_64_intdigest(runs[0])
-    hasher = xxhash.xxh3_64()
-    for run in runs:
-        hasher.update(run)
-    return hasher.intdigest()
 
 
 def checksums(columns: Sequence[Sequence[memoryview]]) -> list[int]:
     """xxh3_64 of each page whose runs are ``columns[j][k]`` (run j of page k)."""
     if len(columns) == 1:
         return list(map(xxhash.xxh3_64_intdigest, columns[0]))
-    return list(map(digest, zip(*columns, strict=True)))
+    return list(map(runs_checksum, zip(*columns, strict=True)))
 
 
 def check_run(
@@ -66,4 +57,4 @@ def check_read(header: bytearray, key: bytes, got: int, runs: Sequence[memoryvie
     parsed = parse_header(view)
     if verdict is not Verdict.OK or parsed is None:
         return verdict
-    return Verdict.OK if digest(runs) == parsed.checksum else Verdict.BAD_CHECKSUM
+    return Verdict.OK if runs_checksum(runs) == parsed.checksum else Verdict.BAD_CHECKSUM

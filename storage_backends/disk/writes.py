@@ -30,8 +30,7 @@ from storage_backends.disk.layout import Slot, SlotClass, SlotRun, slot_class
 from storage_backends.disk.parts import DiskParts
 from storage_backends.disk.room import record_key
 from storage_backends.disk.runs import gap, spans
-from storage_backends.page_format import HEADER_BYTES, build_header
-from storage_backends.trusted_records import header_for
+from storage_backends.page_format import HEADER_BYTES, build_header, header_for
 
 logger = logging.getLogger(__name__)
 

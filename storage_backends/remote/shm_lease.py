@@ -20,14 +20,13 @@ import mmap
 import os
 from collections.abc import Sequence
 
-import xxhash
-
 from storage_backends.page_format import (
     HEADER_BYTES,
     Verdict,
     build_runs_header,
     check_header,
     parse_header,
+    runs_checksum,
 )
 from storage_backends.remote.protocol import ShmAttachReply, Span
 from storage_backends.scatter import Runs, scatter, total
@@ -108,9 +107,4 @@ class ClientLease:
         scatter(self._view[span.offset + HEADER_BYTES : end], runs)
         parsed = parse_header(header)
         assert parsed is not None  # check_header passed
-        if len(runs) == 1:
-            return xxhash.xxh3_64_intdigest(runs[0]) == parsed.checksum
-        digest = xxhash.xxh3_64()
-        for run in runs:
-            digest.update(run)
-        return digest.intdigest() == parsed.checksum
+        return runs_checksum(runs) == parsed.checksum
