@@ -354,7 +354,6 @@ class DiskIndex:
             self._env.reader_check()  # reader slots of processes killed while reading
             self.dbs = IndexDbs(*(self._env.open_db(name) for name in DB_NAMES))
             self.segment_bytes = self._init_meta()
-            self._upgrade_free()
         except lmdb.Error as exc:
             self._env.close()
             raise_if_damage(exc, f"{_WHAT} {path}")
@@ -380,15 +379,16 @@ class DiskIndex:
             txn.put(META_SEGMENT_BYTES, u64(segment_bytes))
             if txn.get(META_BYTES_USED) is None:
                 txn.put(META_BYTES_USED, u64(0))
+            self._upgrade_free(txn, segment_bytes)
         return segment_bytes
 
-    def _upgrade_free(self) -> None:
-        """Free slots of a store of the first format become extents (once)."""
-        with self._env.begin(write=True, buffers=True) as txn:
-            dbs = FreeDbs(self.dbs.free, self.dbs.free_class, self.dbs.meta)
-            alloc = Allocator(txn, dbs, self.segment_bytes, self._config.max_bytes)
-            if alloc.upgrade():
-                alloc.finish()
+    def _upgrade_free(self, txn: lmdb.Transaction, segment_bytes: int) -> None:
+        """Free slots of a store of the first format become extents (once), inside the
+        open's one write transaction."""
+        dbs = FreeDbs(self.dbs.free, self.dbs.free_class, self.dbs.meta)
+        alloc = Allocator(txn, dbs, segment_bytes, self._config.max_bytes)
+        if alloc.upgrade():
+            alloc.finish()
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[lmdb.Transaction]:
