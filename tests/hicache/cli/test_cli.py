@@ -237,8 +237,12 @@ def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for command in ("serve", "keygen", "stats", "store inspect", "store verify"):
+    for command in ("serve", "keygen", "stats", "store inspect", "store verify", "store migrate"):
         assert f"hicache {command}" in out
+    from hicache.cli.store import actions
+
+    for action in actions():
+        assert f"hicache store {action} PATH" in out
     from hicache.bench import BENCHMARKS
 
     for name in BENCHMARKS:
