@@ -225,7 +225,7 @@ class LmdbBackend:
         state = self._take_hold(path)
         if state is not OpenState.UNKNOWN:
             if state is not OpenState.NEW:
-                logger.info("LMDB store %s: %s, not checked", path, state.value)
+                logger.debug("LMDB store %s: %s, not checked", path, state.value)
             return path
         bound = max(CHECK_MIN_S, self._config.timeout_s)
         result = check_store(path, bound)  # a check out of time is logged, not damage
