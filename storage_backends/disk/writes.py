@@ -135,8 +135,10 @@ class DiskWrites:
         sums: Sequence[int | None],
     ) -> _Outcome:
         """The batch inside ``writer``'s transaction (committed by the caller)."""
-        results = [False] * len(keys)
         writer.touch_many(self._ctx.touches.take())
+        if len(keys) == 1:
+            return self._put_one(writer, keys[0], views[0], sums[0])
+        results = [False] * len(keys)
         new = self._new_pages(writer, keys, views, sums, results)
         kept, given_up = self._fitting(new)
         for page in given_up:
@@ -151,6 +153,29 @@ class DiskWrites:
             self._fault(PutPhase.IN_COMMIT)
         removed = writer.removed + [page.key for page in given_up] if given_up else writer.removed
         return _Outcome(results, stored, writer.evictions + len(given_up), removed)
+
+    def _put_one(
+        self, writer: IndexWriter, key: bytes, view: memoryview, checksum: int | None
+    ) -> _Outcome:
+        """``_put_in`` of a batch of one page in fewer steps (no grouping, fitting or
+        spans: a third of a one-page put's CPU went to them); the same outcomes."""
+        if writer.has(key):
+            writer.touch(key)
+            return _Outcome([True], 0, writer.evictions, writer.removed)
+        if len(view) > self._max_payload:  # a page within it fits max_bytes alone
+            return _Outcome([False], 0, writer.evictions, writer.removed)
+        cls = slot_class(len(view), self._ctx.config.direct_io)
+        runs = writer.reserve(cls, 1, HEADER_BYTES + len(view), self._record_key)
+        if not runs:
+            return _Outcome([False], 0, writer.evictions, writer.removed)
+        placed = [_Span(runs[0].segment, runs[0].offset, cls, [_Page(0, key, view, checksum)])]
+        self._fault(PutPhase.BEFORE_DATA)
+        written = self._write(placed)
+        self._fault(PutPhase.AFTER_DATA)
+        results = [False]
+        stored = self._index_written(writer, placed, written, results)
+        self._fault(PutPhase.IN_COMMIT)
+        return _Outcome(results, stored, writer.evictions, writer.removed)
 
     def _new_pages(
         self,

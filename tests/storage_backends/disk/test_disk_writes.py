@@ -259,3 +259,35 @@ def test_a_batch_larger_than_a_segment_fills_new_segments_without_evicting(
         assert [bytes(d) for d in dst] == payloads
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_put_of_a_stored_page_makes_it_the_newest(tmp_path: Path, batch: int) -> None:
+    """One page a call or several: a page put again is kept as the most recently used,
+    so the next eviction takes the page after it; each phase of the put is announced."""
+    record = HEADER_BYTES + SIZE
+    config = StorageConfig(backend="disk", path=str(tmp_path / "s"), max_bytes=8 * record)
+    store = DiskBackend(config)
+    phases: list[PutPhase] = []
+    try:
+        for i in range(8):  # a full store, page 0 the oldest
+            assert store.put([_key(i)], [memoryview(_payload(i))]) == [True]
+        store.fault_hook = phases.append
+        again = [0] + [100 + n for n in range(batch - 1)]  # page 0, and new pages beside it
+        assert store.put([_key(i) for i in again], [memoryview(_payload(i)) for i in again])
+        assert (
+            phases
+            == [PutPhase.BEFORE_DATA, PutPhase.AFTER_DATA, PutPhase.IN_COMMIT][
+                : 3 if batch > 1 else 0
+            ]
+        )
+        store.fault_hook = None
+        phases.clear()
+        store.fault_hook = phases.append
+        assert store.put([_key(200)], [memoryview(_payload(200))]) == [True]
+        assert phases == [PutPhase.BEFORE_DATA, PutPhase.AFTER_DATA, PutPhase.IN_COMMIT]
+        evicted = set(store.take_removed())
+        assert _key(0) not in evicted and _key(batch) in evicted
+        assert store.contains([_key(0)]) == [True]
+    finally:
+        store.close()
