@@ -4,9 +4,9 @@ Four rows, every one with the same device pool: no cache (every token is
 recomputed), device only, device + host, and device + host + storage. --config
 (and --set) decide the model, the device pool, the policies, the host pool of
 the two host rows (host.ratio 2.0 when the config turns the host tier off) and
-the backend of the storage row: lmdb or file in a temporary directory, redis or
-mooncake under a key prefix of this run, remote on the configured daemon,
-memory as it is; with no storage tier configured, LMDB in a temporary
+the backend of the storage row: disk, lmdb or file in a temporary directory, redis
+or mooncake under a key prefix of this run, remote on the configured daemon,
+memory as it is; with no storage tier configured, disk in a temporary
 directory. It never changes which rows run: `--config device-only` still
 measures all four, from the device-only config's model and device pool.
 
@@ -48,7 +48,7 @@ from storage_backends import StorageConfig
 LINKS = ("d2h", "h2d", "h2s", "s2h")
 TIERS = ("device", "host", "storage")
 # Backends whose store is a directory: the bench gives them a fresh temporary one.
-PATH_BACKENDS = ("lmdb", "file")
+PATH_BACKENDS = ("disk", "lmdb", "file")
 # Backends of a shared network store: the bench uses it under a key prefix of its own.
 NETWORK_BACKENDS = ("redis", "mooncake")
 # What one "round" of each workload is, for the plot's axis.
@@ -112,7 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         choices=(1, 2),
         default=1,
-        help="2: add two rows, two engine processes with their own LMDB, then sharing a daemon",
+        help="2: add two rows, two engine processes with their own disk store, then sharing a "
+        "daemon",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="report folder")
     parser.add_argument(
@@ -133,7 +134,7 @@ def storage_setup(config: CacheConfig, store_dir: Path) -> StorageConfig:
     """The storage tier the full set-up uses (see the module docstring)."""
     storage = config.storage
     if not storage.enabled:
-        return StorageConfig(backend="lmdb", path=str(store_dir), max_bytes=8 << 30)
+        return StorageConfig(backend="disk", path=str(store_dir), max_bytes=8 << 30)
     if storage.backend in PATH_BACKENDS:
         return replace(storage, path=str(store_dir))
     if storage.backend in NETWORK_BACKENDS:  # keys of this run only: no earlier run's pages
