@@ -43,17 +43,17 @@ BENCH_EXTRA = "hicache[bench]"
 BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
     {
         "tiering": Benchmark(
-            "hicache.bench.tiering",
+            "hicache.bench.tiering.bench",
             extras=("tqdm", "matplotlib"),
             ignores=("storage.path",),
         ),
         "tree": Benchmark(
-            "hicache.bench.tree",
+            "hicache.bench.tree.bench",
             extras=("tqdm",),
             reads=("device.page_size", "device.num_tokens", "policy.eviction"),
         ),
         "transfer": Benchmark(
-            "hicache.bench.transfer",
+            "hicache.bench.transfer.bench",
             reads=(),
             flags=MappingProxyType(
                 {
@@ -68,15 +68,15 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
             ),
         ),
         "storage": Benchmark(
-            "hicache.bench.storage",
+            "hicache.bench.storage.bench",
             reads=(),
             flags=MappingProxyType(
                 {"storage.backend": "--backend", "storage.endpoint": "--endpoint"}
             ),
         ),
-        "storage-open": Benchmark("hicache.bench.store_open", reads=()),
+        "storage-open": Benchmark("hicache.bench.storage.store_open", reads=()),
         "engine": Benchmark(
-            "hicache.bench.engine",
+            "hicache.bench.engine.bench",
             ignores=(
                 "host.enabled",
                 "host.reserve_gb",
@@ -88,14 +88,14 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
             ),
         ),
         "daemon": Benchmark(
-            "hicache.bench.daemon",
+            "hicache.bench.daemon.bench",
             reads=("server.", "store.", "limits."),  # passed on to the daemon it starts
             ignores=("server.endpoint", "server.ready_file", "store.path"),
             configs=DAEMON,
         ),
-        "daemon-store": Benchmark("hicache.bench.daemon_store", reads=(), configs=DAEMON),
-        "vllm": Benchmark("hicache.bench.vllm", reads=()),
-        "sglang": Benchmark("hicache.bench.sglang", reads=()),
+        "daemon-store": Benchmark("hicache.bench.daemon.store", reads=(), configs=DAEMON),
+        "vllm": Benchmark("hicache.bench.vllm.bench", reads=()),
+        "sglang": Benchmark("hicache.bench.sglang.bench", reads=()),
     }
 )
 

@@ -31,9 +31,9 @@ from storage_backends.errors import (
     StorageWriteError,
     StoreDamagedError,
 )
-from storage_backends.lmdb_check import check_store
-from storage_backends.lmdb_clean import OpenLock, OpenState
-from storage_backends.lmdb_env import open_env, raise_if_damage
+from storage_backends.lmdb.check import check_store
+from storage_backends.lmdb.clean import OpenLock, OpenState
+from storage_backends.lmdb.env import open_env, raise_if_damage
 from storage_backends.page_format import (
     HEADER_BYTES,
     Verdict,

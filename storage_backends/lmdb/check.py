@@ -3,10 +3,10 @@
 LMDB keeps no checksums on its B-tree pages: a damaged or truncated
 ``data.mdb`` can make the process that reads it die by SIGBUS, or abort on an
 assertion inside a write. So the store is walked first in a child process
-(``python -m storage_backends.lmdb_check <path>``): the keys of every named
+(``python -m storage_backends.lmdb.check <path>``): the keys of every named
 database the main database lists, the last byte of every value (a value past
 the end of the file is what raises SIGBUS), and the meta table; before that,
-``lmdb_pages`` checks the file's pages as a write would meet them (page
+``pages`` checks the file's pages as a write would meet them (page
 numbers, free list), since LMDB aborts the process on such damage inside a
 write. The child writes its ``WalkReport`` as one JSON line on stdout and exits 0
 when the store is sound, 1 when it found damage; dying by a signal is damage too.
@@ -72,7 +72,7 @@ def check_store(path: Path, timeout_s: float) -> CheckResult:
     if not (path / "data.mdb").exists():
         return CheckResult(None)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    command = [sys.executable, "-m", "storage_backends.lmdb_check", str(path)]
+    command = [sys.executable, "-m", "storage_backends.lmdb.check", str(path)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
@@ -125,8 +125,8 @@ def _check_meta(txn: lmdb.Transaction, db: lmdb._Database) -> str | None:
 
 
 def _walk_file(data: str) -> str | None:
-    """The page-level check (``lmdb_pages``) on the file's bytes, before LMDB maps it."""
-    from storage_backends.lmdb_pages import walk_pages  # numpy: loaded in the child only
+    """The page-level check (``pages``) on the file's bytes, before LMDB maps it."""
+    from storage_backends.lmdb.pages import walk_pages  # numpy: loaded in the child only
 
     with open(data, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:  # LMDB initialises an empty file

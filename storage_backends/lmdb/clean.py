@@ -1,6 +1,6 @@
 """Whether an LMDB store needs its structural check at open: the clean-close marker.
 
-The check (``lmdb_check``) walks the whole file in a child process, which for a
+The check (``check``) walks the whole file in a child process, which for a
 store of millions of pages takes longer than a restart should. It is needed
 only when the file may have been damaged while no one was looking: a process or
 OS crash, or a write by something else. So the last process to close a store

@@ -4,7 +4,7 @@ A read-only LMDB traversal never looks at the free list nor at a page's own
 page number, yet a write does: ``mdb_page_touch`` aborts the process
 (``Assertion 'mp->mp_pgno != pgno'``) when the free list hands out a page that
 is still in a tree. So before the store is mapped, the child of
-``storage_backends.lmdb_check`` walks the file itself (LMDB 0.9 on-disk format,
+``storage_backends.lmdb.check`` walks the file itself (LMDB 0.9 on-disk format,
 64-bit): the newer meta page, every branch, leaf and overflow page of every
 tree, and the free list. Damage is a page outside the file, a page whose header
 names another page number or the wrong kind, a page reached twice, node offsets

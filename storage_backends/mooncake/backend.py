@@ -14,7 +14,7 @@ after the checks (the protocol's rule that ``dst`` changes only on a hit rules
 out reading straight into it). Every call runs on a worker thread and is given
 up after ``timeout_s``; its staging buffer is then never reused, since the
 transfer may still write into it. Mooncake answers with status codes, mapped
-one by one (``mooncake_client.Status``); anything unexpected is a miss or a failed put, logged.
+one by one (``client.Status``); anything unexpected is a miss or a failed put, logged.
 
 A Mooncake Store cannot be listed: ``stats()`` reports the counters, with
 ``entries`` and ``bytes_used`` 0. A damaged object that a read cannot remove
@@ -36,7 +36,7 @@ from storage_backends.batch import check_batch, check_keys, count_leading
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError
-from storage_backends.mooncake_client import (
+from storage_backends.mooncake.client import (
     GET_MISSES,
     StagingPool,
     Status,

@@ -13,7 +13,7 @@ Capacity and eviction belong to Redis (``maxmemory`` with
 are not reported by ``take_removed`` nor counted, and ``capacity_bytes`` is
 ``storage.max_bytes`` as configured. Failures of nodes or of the whole
 cluster (refused, timed out, MOVED during resharding, out of memory) are
-misses or failed puts, never exceptions; see ``storage_backends.redis_nodes``.
+misses or failed puts, never exceptions; see ``storage_backends.redis.nodes``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
 from storage_backends.page_format import HEADER_BYTES, Verdict, copy_verified, encode_page
-from storage_backends.redis_nodes import ClusterIO
+from storage_backends.redis.nodes import ClusterIO
 
 logger = logging.getLogger(__name__)
 

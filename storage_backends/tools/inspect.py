@@ -12,9 +12,10 @@ from typing import NamedTuple
 
 import lmdb
 
-from storage_backends import file_backend, lmdb_backend
 from storage_backends.disk import scan as disk_scan
 from storage_backends.errors import StorageOpenError
+from storage_backends.file import backend as file_backend
+from storage_backends.lmdb import backend as lmdb_backend
 from storage_backends.page_format import HEADER_BYTES, Verdict, parse_header, validate
 
 _LMDB_DATA = "data.mdb"

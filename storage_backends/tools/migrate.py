@@ -1,7 +1,7 @@
 """Converting an LMDB store into a disk store (``hicache store migrate``).
 
 Every check runs before anything is written: the source is an LMDB store of
-this page format, structurally sound (``lmdb_check``), not open in another
+this page format, structurally sound (``lmdb.check``), not open in another
 process; the target is new or empty, on a file system with room. Pages are
 then read in recency order (least recently used first, so the new store's LRU
 keeps the old order), each verified (header, key, checksum); damaged ones are
@@ -29,8 +29,8 @@ import lmdb
 from storage_backends.base import StorageBackend
 from storage_backends.config import StorageConfig
 from storage_backends.errors import StorageError, StorageOpenError
-from storage_backends.lmdb_check import check_store
-from storage_backends.lmdb_clean import OPEN_LOCK
+from storage_backends.lmdb.check import check_store
+from storage_backends.lmdb.clean import OPEN_LOCK
 from storage_backends.page_format import FORMAT_VERSION, HEADER_BYTES, Verdict, validate
 from storage_backends.registry import create
 from storage_backends.store_kind import detect

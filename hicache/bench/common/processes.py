@@ -160,9 +160,9 @@ def start_daemon(
     OS-picked loopback port) over the store at ``store``, metrics off, with ``extra`` flags of
     ``hicache serve``; returned once it answers a PING (sent with ``keys`` = (client key file,
     server key file) under CURVE). With ``profile``, it runs under
-    ``hicache.bench.daemon_profile``, which writes its cProfile figures there on exit."""
+    ``hicache.bench.daemon.profiler``, which writes its cProfile figures there on exit."""
     runner = (
-        ["hicache.daemon"] if profile is None else ["hicache.bench.daemon_profile", str(profile)]
+        ["hicache.daemon"] if profile is None else ["hicache.bench.daemon.profiler", str(profile)]
     )
     argv = [sys.executable, "-m", *runner, "serve", "--config", str(config)]
     argv += ["--endpoint", endpoint, "--store", str(store), "--metrics-port", "-1", *extra]
@@ -201,10 +201,11 @@ def serve_sets(settings: Sequence[str]) -> list[str]:
 
 
 def start_echo(endpoint: str = "tcp://127.0.0.1:*") -> ServerProcess:
-    """The plain ROUTER echo (``hicache.bench.zmq_echo``) at ``endpoint``; it answers once bound."""
-    from hicache.bench.zmq_echo import BANNER
+    """The plain ROUTER echo (``hicache.bench.common.zmq_echo``) at ``endpoint``; it answers
+    once bound."""
+    from hicache.bench.common.zmq_echo import BANNER
 
-    return ServerProcess([sys.executable, "-m", "hicache.bench.zmq_echo", endpoint], BANNER)
+    return ServerProcess([sys.executable, "-m", "hicache.bench.common.zmq_echo", endpoint], BANNER)
 
 
 def process_cpu_s(pid: int) -> float:

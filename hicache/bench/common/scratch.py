@@ -22,7 +22,7 @@ def release_scratch(storage: StorageConfig) -> str | None:
         from redis.exceptions import RedisError
 
         from storage_backends.errors import StorageOpenError
-        from storage_backends.redis_backend import delete_prefix
+        from storage_backends.redis.backend import delete_prefix
 
         try:
             n = delete_prefix(storage)

@@ -1,6 +1,6 @@
 """A plain pyzmq ROUTER/DEALER echo: the transport-only baseline of ``hicache bench daemon``.
 
-``python -m hicache.bench.zmq_echo`` binds a ROUTER on an OS-picked loopback
+``python -m hicache.bench.common.zmq_echo`` binds a ROUTER on an OS-picked loopback
 port, prints ``hicache-echo listening on ENDPOINT`` and answers until SIGTERM:
 a GET of ``n`` pages of ``size`` bytes with ``n`` ready-made payload frames,
 a PUT (``n`` payload frames) and an EXISTS with a small header. No store, no

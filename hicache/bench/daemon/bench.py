@@ -1,7 +1,7 @@
 """Daemon throughput: GET/PUT GB/s and EXISTS latency of the remote backend vs a plain zmq echo.
 
 The bench starts ``hicache serve`` (on a temporary store) and the echo server
-(``hicache.bench.zmq_echo``) as subprocesses, once per transport (ipc, tcp
+(``hicache.bench.common.zmq_echo``) as subprocesses, once per transport (ipc, tcp
 on loopback; shm: ipc with the daemon's shared-memory slab on and the clients
 using it, held to the same ipc echo). ``clients`` threads share one RemoteBackend (one DEALER socket
 per thread, as the storage I/O workers do); the baseline threads send the
@@ -28,10 +28,10 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
-from hicache.bench.daemon_cells import Cell, Client, EchoClient, Plan, Timing, measure
-from hicache.bench.daemon_fairness import FairnessRow, measure_fairness, print_fairness
-from hicache.bench.daemon_profile import ThreadProfiles
-from hicache.bench.processes import ServerProcess, start_daemon, start_echo
+from hicache.bench.common.processes import ServerProcess, start_daemon, start_echo
+from hicache.bench.daemon.cells import Cell, Client, EchoClient, Plan, Timing, measure
+from hicache.bench.daemon.fairness import FairnessRow, measure_fairness, print_fairness
+from hicache.bench.daemon.profiler import ThreadProfiles
 from hicache.config.flags import at_least
 from hicache.daemon.oneshot import call
 from storage_backends import StorageConfig

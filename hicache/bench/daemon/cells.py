@@ -21,7 +21,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from hicache.bench.processes import process_cpu_s
+from hicache.bench.common.processes import process_cpu_s
 from storage_backends.page_format import HEADER_BYTES
 from storage_backends.remote.client import chunks
 

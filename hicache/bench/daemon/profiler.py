@@ -1,4 +1,4 @@
-"""``python -m hicache.bench.daemon_profile OUT ARGS...``: the daemon under cProfile, for benches.
+"""``python -m hicache.bench.daemon.profiler OUT ARGS...``: the daemon under cProfile, for benches.
 
 Runs ``hicache.daemon``'s command line with ``ARGS`` while every thread it
 starts (socket loop, readers, writer) is profiled on its own ``cProfile``
@@ -64,7 +64,9 @@ class ThreadProfiles:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m hicache.bench.daemon_profile OUT [daemon args...]", file=sys.stderr)
+        print(
+            "usage: python -m hicache.bench.daemon.profiler OUT [daemon args...]", file=sys.stderr
+        )
         return 2
     from hicache.daemon.cli import main as daemon_main
 

@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
-from hicache.bench.processes import ServerProcess, process_cpu_s, start_daemon
+from hicache.bench.common.processes import ServerProcess, process_cpu_s, start_daemon
 from hicache.config.daemon import STORE_BACKENDS
 from hicache.config.flags import at_least
 from storage_backends import StorageConfig

@@ -19,7 +19,7 @@ each round times the tier operations alone through the cache API: a
 load-back (match, admit, per-layer loads until on device) and a prefetch
 (lookup and read into host memory until inserted), warm and cold, reported
 per 1k prefix tokens. The cold cases say whether the page-cache drop took
-effect (``posix_fadvise`` + ``mincore``; see ``hicache.bench.page_cache``).
+effect (``posix_fadvise`` + ``mincore``; see ``hicache.bench.common.page_cache``).
 Figures are p50 and p90 over ``--repeat`` rounds (at least 5 for a report
 worth quoting) after one warm-up round.
 """
@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from hicache.bench.page_cache import DropResult, drop_page_cache
+from hicache.bench.common.page_cache import DropResult, drop_page_cache
 from hicache.cache import HiRadixCache
 from hicache.config.cache import CacheConfig
 from hicache.config.flags import at_least

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from hicache.bench.sglang_trees import unused_imports_stubbed
+from hicache.bench.tree.sglang_trees import unused_imports_stubbed
 from hicache.integrations.sglang_cpu import enter_sglang
 
 LINKER = {"linker_module_path": "hicache.integrations.sglang_linker", "linker": "HicacheLinker"}

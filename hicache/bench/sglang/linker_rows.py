@@ -3,7 +3,7 @@
 The same geometry of pages through two paths into one daemon (``ipc://``):
 
 - the linker: SGLang's ``UnifiedRadixCache`` over SGLang's device pool on CPU,
-  with ``HicacheLinker`` below it (``hicache.bench.sglang_linker``). Offload:
+  with ``HicacheLinker`` below it (``hicache.bench.sglang.linker``). Offload:
   the request's pages inserted into the tree, which hands the new leaf to the
   linker, until SGLang has collected the finished offload. Load: a second
   request's match (the linker's lookup), ``init_load_back``, the layer-wise
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hicache.bench.sglang import (
+from hicache.bench.sglang.l3 import (
     Geometry,
     Row,
     _backup,
@@ -36,7 +36,7 @@ from hicache.bench.sglang import (
     _timed,
     _tokens,
 )
-from hicache.bench.sglang_linker import SglangModules, Shape, UnifiedServer
+from hicache.bench.sglang.linker import SglangModules, Shape, UnifiedServer
 from hicache.integrations.sglang_cpu import Controller, HostPool, chain_hashes
 
 TARGET = "linker, daemon ipc://"
@@ -68,7 +68,7 @@ def _best(results: dict[str, float], key: str, nbytes: int, fn: Callable[[], flo
 def measure(geometry: Geometry, root: Path, repeat: int) -> list[Row]:
     """Offload ("set") and load ("get") GB/s of the linker, each with the L3
     path's figure of the same op on the same pages and daemon."""
-    from hicache.bench.processes import start_daemon
+    from hicache.bench.common.processes import start_daemon
 
     g = geometry
     sg = SglangModules()

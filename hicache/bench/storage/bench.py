@@ -1,6 +1,6 @@
 """Storage backend batch put/get throughput against the plain way of storing the same bytes.
 
-``--backend disk`` runs the disk backend's grid instead (``hicache.bench.disk_grid``).
+``--backend disk`` runs the disk backend's grid instead (``hicache.bench.storage.disk_grid``).
 
 For each page size (64 KiB, 512 KiB, 2 MiB) the same pages are written
 through the backend in batches and through the baseline, then read back in
@@ -8,7 +8,7 @@ batches into preallocated buffers. The baseline of the on-disk backends is
 one file per page (``open``/``write``, ``readinto``); both sides read warm
 data (just written, in the OS page cache), so the comparison is of the code
 paths, not of the disk. The baseline of ``redis`` is redis-py's client doing
-plain SET/GET of the same bytes (see ``hicache.bench.storage_targets``).
+plain SET/GET of the same bytes (see ``hicache.bench.storage.targets``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from typing import NamedTuple
 
 import xxhash
 
-from hicache.bench import disk_grid, storage_targets
-from hicache.bench.storage_targets import Target, open_target
+from hicache.bench.storage import disk_grid
+from hicache.bench.storage import targets as storage_targets
+from hicache.bench.storage.targets import Target, open_target
 from hicache.config.flags import at_least
 from storage_backends import StorageBackend, create
 

@@ -26,8 +26,15 @@ from typing import NamedTuple
 
 import xxhash
 
-from hicache.bench.disk_sides import SIDES, Pages, Side, make_pages, open_sides, remove_sides
-from hicache.bench.page_cache import DropResult, drop_page_cache
+from hicache.bench.common.page_cache import DropResult, drop_page_cache
+from hicache.bench.storage.disk_sides import (
+    SIDES,
+    Pages,
+    Side,
+    make_pages,
+    open_sides,
+    remove_sides,
+)
 from hicache.config.flags import at_least
 
 OPS = ("put", "get cold", "get warm")

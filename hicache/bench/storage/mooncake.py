@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hicache.bench.storage_targets import Pages, batches
-from storage_backends.mooncake_client import parse_endpoint
+from hicache.bench.storage.pages import Pages, batches
+from storage_backends.mooncake.client import parse_endpoint
 
 
 def _address(view: memoryview) -> int:

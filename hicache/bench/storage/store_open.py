@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from hicache.bench.page_cache import drop_page_cache
+from hicache.bench.common.page_cache import drop_page_cache
 from hicache.config.flags import at_least
 from storage_backends import StorageConfig, create
 

@@ -4,7 +4,7 @@ A ``Target`` makes the backend's config for one page size and holds the
 baseline: for the on-disk backends, one file per page (``open``/``write``,
 ``readinto``); for ``redis``, redis-py's own client doing plain SET/GET of the
 same bytes through cluster pipelines of the same batches, into the same
-buffers; for ``mooncake``, Mooncake's own client (``hicache.bench.mooncake_target``).
+buffers; for ``mooncake``, Mooncake's own client (``hicache.bench.storage.mooncake``).
 Network targets start a local store unless given ``--endpoint``.
 """
 
@@ -19,26 +19,14 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from redis.cluster import RedisCluster
 
+from hicache.bench.storage.pages import Pages, batches
 from hicache.config.flags import at_least
 from storage_backends import StorageConfig
-from storage_backends.redis_backend import parse_endpoint
-from storage_backends.redis_cluster import ClusterOptions, LocalRedisCluster
+from storage_backends.redis.backend import parse_endpoint
+from storage_backends.redis.cluster import ClusterOptions, LocalRedisCluster
 
 if TYPE_CHECKING:
-    from hicache.bench.mooncake_target import MooncakeBaseline
-
-
-class Pages(Protocol):
-    """The bench's pages: keys, source views, destination views, batch size."""
-
-    @property
-    def keys(self) -> list[bytes]: ...
-    @property
-    def src(self) -> list[memoryview]: ...
-    @property
-    def dst(self) -> list[memoryview]: ...
-    @property
-    def batch(self) -> int: ...
+    from hicache.bench.storage.mooncake import MooncakeBaseline
 
 
 class Baseline(Protocol):
@@ -99,12 +87,6 @@ class FileBaseline:
         shutil.rmtree(self._dir(work), ignore_errors=True)
 
 
-def batches(work: Pages) -> Iterator[slice]:
-    """The spans of the bench's batches."""
-    for i in range(0, len(work.keys), work.batch):
-        yield slice(i, i + work.batch)
-
-
 class RedisBaseline:
     description = "redis-py cluster pipelines of plain SET/GET, GET copied into the buffer"
 
@@ -163,7 +145,7 @@ def open_target(args: argparse.Namespace, root: Path) -> Iterator[Target]:
         if args.backend == "redis":
             baseline = RedisBaseline(endpoint)
         else:
-            from hicache.bench.mooncake_target import MooncakeBaseline
+            from hicache.bench.storage.mooncake import MooncakeBaseline
 
             baseline = MooncakeBaseline(endpoint)
         stack.callback(baseline.close)
@@ -178,7 +160,7 @@ def _local_store(args: argparse.Namespace, root: Path) -> Iterator[str]:
         with LocalRedisCluster(options, root / "redis") as cluster:
             yield cluster.endpoint
         return
-    from storage_backends.mooncake_local import LocalMooncake
+    from storage_backends.mooncake.local import LocalMooncake
 
     # Room for the backend's and the baseline's copies of every page size, below eviction.
     room = 6 * (args.total_mb << 20) + (64 << 20)

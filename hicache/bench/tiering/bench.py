@@ -23,15 +23,13 @@ import argparse
 import json
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import NamedTuple
 
-import torch
-
-from hicache.bench.provenance import provenance
-from hicache.bench.scratch import release_scratch
-from hicache.bench.workloads import (
+from hicache.bench.common.provenance import provenance
+from hicache.bench.common.scratch import release_scratch
+from hicache.bench.common.workloads import (
     FewShotSpec,
     LongDocSpec,
     MultiTurnSpec,
@@ -40,6 +38,7 @@ from hicache.bench.workloads import (
     longdoc,
     multiturn,
 )
+from hicache.bench.tiering.serving import Served, TierReport, serve
 from hicache.cache import HiRadixCache
 from hicache.config.cache import CacheConfig, HostConfig
 from hicache.config.flags import at_least
@@ -62,37 +61,6 @@ ROUND_MEANING = {
 class TierSetup(NamedTuple):
     name: str
     config: CacheConfig | None  # None: no cache at all
-
-
-class Served(NamedTuple):
-    """Tokens of one request reused from each tier, and its page-aligned length."""
-
-    device: int
-    host: int
-    storage: int
-    total: int
-
-
-@dataclass(frozen=True)
-class TierReport:
-    """One set-up's figures. Every field but ``cache_ms_per_request`` (a
-    timing) is the same on every run of the same seed and config."""
-
-    name: str
-    hit_rate: float
-    hit_rate_by_tier: dict[str, float]
-    prefill_tokens_saved: int
-    bytes_moved: dict[str, int]
-    cache_ms_per_request: float
-    peak_bytes: dict[str, int]
-    hit_rate_by_round: list[float]
-    hit_rate_by_round_by_tier: dict[str, list[float]]
-
-    def figures(self) -> dict[str, object]:
-        """The reproducible part of the report (everything but timings)."""
-        out = asdict(self)
-        del out["cache_ms_per_request"]
-        return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -185,32 +153,6 @@ def _tiers_text(setup: CacheConfig | None) -> str:
         where = f" at {s.endpoint}" if s.endpoint else " in a temporary directory" * bool(s.path)
         parts.append(f"storage ({s.backend}{where})")
     return " + ".join(parts) if len(parts) > 1 else "device only"
-
-
-def serve(cache: HiRadixCache, req: TraceRequest) -> Served:
-    """One request, driven the way the reference engine drives the cache,
-    except that every asynchronous step is awaited (see the module docstring)."""
-    tokens = req.tokens
-    m = cache.match_prefix(tokens)
-    device, fetched = m.device_hit_length, 0
-    # The prefetch job looks storage up, then fetches, on the storage workers.
-    if cache.storage is not None and cache.prefetch("bench", tokens, None, m.last_host_node):
-        fetched = cache.wait_prefetch("bench").fetched_tokens
-        cache.release_prefetch("bench")
-        m = cache.match_prefix(tokens)
-    prefix, last, _ = cache.admit(m)
-    cache.start_loading()
-    for layer in range(cache.device_pool.shape.num_layers):
-        cache.wait_layer(layer)
-    n_new = len(tokens) - prefix.numel()
-    new = cache.alloc_device(n_new)
-    if new is None:
-        raise RuntimeError(f"no device room for a request: {cache.device_shortfall(n_new)}")
-    cache.cache_finished_req(tokens, torch.cat([prefix, new[:n_new]]), last)
-    cache.drain()
-    reused = int(prefix.numel())
-    aligned = len(tokens) // cache.page_size * cache.page_size
-    return Served(device, max(reused - device - fetched, 0), fetched, aligned)
 
 
 def replay(setup: TierSetup, trace: list[TraceRequest]) -> TierReport:
@@ -366,11 +308,11 @@ def run(args: argparse.Namespace) -> int:
         "configs": [asdict(r) for r in reports],
     }
     if args.engines > 1:
-        from hicache.bench.sharing import report_sharing
+        from hicache.bench.tiering.sharing import report_sharing
 
         payload["engines"] = report_sharing(config, trace, args.workload)
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
-    from hicache.bench.tiering_plot import plot
+    from hicache.bench.tiering.plot import plot
 
     plot(reports, plot_path, args.workload, ROUND_MEANING[args.workload])
     print(f"report: {json_path}\nplot:   {plot_path}")

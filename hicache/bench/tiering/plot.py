@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from hicache.bench.tiering import TierReport
+    from hicache.bench.tiering.serving import TierReport
 
 # Tiers: warm-to-cold, distinct from every set-up colour below.
 TIER_COLOURS = {"device": "#2ca02c", "host": "#ff7f0e", "storage": "#9467bd"}

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from hicache.bench.processes import start_daemon
-from hicache.bench.tiering import serve
-from hicache.bench.workloads import MultiTurnSpec, TraceRequest
+from hicache.bench.common.processes import start_daemon
+from hicache.bench.common.workloads import MultiTurnSpec, TraceRequest
+from hicache.bench.tiering.serving import serve
 from hicache.cache import HiRadixCache
 from hicache.config.cache import CacheConfig
 from storage_backends import StorageConfig

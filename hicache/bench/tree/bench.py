@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from device_pool import native
-from hicache.bench.workloads import MultiTurnSpec, TraceRequest, multiturn
+from hicache.bench.common.workloads import MultiTurnSpec, TraceRequest, multiturn
 from hicache.cache import HiRadixCache
 from hicache.config.cache import CacheConfig, HostConfig, ModelConfig
 from hicache.config.flags import at_least
@@ -29,7 +29,7 @@ from hicache.tree.radix_tree import Key, Tokens, extend_key
 from storage_backends import StorageConfig
 
 if TYPE_CHECKING:
-    from hicache.bench.sglang_trees import Peers, PeerTree
+    from hicache.bench.tree.sglang_trees import Peers, PeerTree
 
 Side = Callable[[list[TraceRequest], list[int]], tuple[float, float]]
 
@@ -277,7 +277,7 @@ def compare(
 
 
 def run_against(args: argparse.Namespace) -> int:
-    from hicache.bench import sglang_trees
+    from hicache.bench.tree import sglang_trees
 
     sizes = [int(p) for p in (args.page_sizes or "1,16").split(",")]
     trace = list(multiturn(MultiTurnSpec(conversations=args.conversations, turns=args.turns)))

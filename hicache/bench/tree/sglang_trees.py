@@ -147,7 +147,7 @@ def load() -> Peers:
     os.environ.setdefault(BACKEND_ENV, "rust")
     try:
         with unused_imports_stubbed():
-            from hicache.bench import sglang_drivers
+            from hicache.bench.tree import sglang_drivers
     except ImportError as e:
         raise SglangUnavailable(f"SGLang does not import here: {e}") from None
     factories: dict[str, Callable[[int, int], PeerTree]] = {

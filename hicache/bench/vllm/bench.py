@@ -25,7 +25,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from hicache.bench.processes import add_daemon_set_flag
+from hicache.bench.common.processes import add_daemon_set_flag
 from hicache.config.flags import at_least
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ def _tier_config(
     if target in ("lmdb", "disk"):
         local = {"backend": target, "path": str(root / target), "sync": False}
         return {**ours, "hicache_config": "default", **local}
-    from hicache.bench.processes import serve_sets, start_daemon
+    from hicache.bench.common.processes import serve_sets, start_daemon
 
     sockets = {"daemon-ipc": f"ipc://{root}/daemon.sock", "daemon-shm": f"ipc://{root}/shm.sock"}
     endpoint = sockets.get(target, "tcp://127.0.0.1:0")
