@@ -11,7 +11,7 @@ import lmdb
 import pytest
 
 from storage_backends import StorageConfig, create
-from storage_backends.lmdb_check import WalkReport, check_store, walk
+from storage_backends.lmdb.check import WalkReport, check_store, walk
 
 
 def _disk_store(path: Path) -> Path:
@@ -57,7 +57,7 @@ def test_a_check_out_of_time_is_no_verdict_and_is_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     index = _disk_store(tmp_path / "store")
-    with caplog.at_level(logging.WARNING, logger="storage_backends.lmdb_check"):
+    with caplog.at_level(logging.WARNING, logger="storage_backends.lmdb.check"):
         result = check_store(index, 1e-3)  # no child starts that fast
     assert (result.damage, result.finished) == (None, False)
     assert "did not finish" in caplog.text
@@ -72,7 +72,7 @@ def test_a_check_that_cannot_start_is_no_verdict_and_is_logged(
         raise OSError(24, "Too many open files")
 
     monkeypatch.setattr(subprocess, "run", refuse)
-    with caplog.at_level(logging.WARNING, logger="storage_backends.lmdb_check"):
+    with caplog.at_level(logging.WARNING, logger="storage_backends.lmdb.check"):
         assert check_store(index, 60).damage is None
     assert "could not start" in caplog.text
 

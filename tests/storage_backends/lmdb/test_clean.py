@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from storage_backends.lmdb_clean import OpenLock, OpenState
+from storage_backends.lmdb.clean import OpenLock, OpenState
 
 
 def test_only_the_last_holder_marks_the_store_clean(tmp_path: Path) -> None:

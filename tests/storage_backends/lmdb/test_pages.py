@@ -1,4 +1,4 @@
-"""lmdb_pages: a churned healthy store is sound; a wrong page number or a used free page is not."""
+"""lmdb.pages: a churned healthy store is sound; a wrong page number or a used free page is not."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import lmdb
 
 from storage_backends import StorageConfig, create
-from storage_backends.lmdb_pages import walk_pages
+from storage_backends.lmdb.pages import walk_pages
 
 
 def _churned_store(root: Path) -> bytes:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-import storage_backends.lmdb_backend as lmdb_backend
+import storage_backends.lmdb.backend as lmdb_backend
 from storage_backends import StorageConfig, create
-from storage_backends.lmdb_check import CheckResult, check_store
+from storage_backends.lmdb.check import CheckResult, check_store
 
 if TYPE_CHECKING:
     from conftest import Pages

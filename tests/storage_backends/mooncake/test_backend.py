@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from storage_backends import StorageBackend, StorageConfig, StorageOpenError, create
-from storage_backends.mooncake_client import parse_endpoint
-from storage_backends.mooncake_local import LocalMooncake
+from storage_backends.mooncake.client import parse_endpoint
+from storage_backends.mooncake.local import LocalMooncake
 from tests.hicache.engine.helpers import (
     assert_same,
     chat,

@@ -16,7 +16,7 @@ import pytest
 
 from hicache.config.cache import CacheConfig
 from storage_backends import StorageConfig
-from storage_backends.redis_cluster import LocalRedisCluster
+from storage_backends.redis.cluster import LocalRedisCluster
 from tests.hicache.engine.helpers import (
     assert_clean,
     assert_same,
@@ -33,7 +33,7 @@ PAGE_SIZE = 16
 
 WRITER = """
 import sys
-from tests.storage_backends.test_redis_engine import redis_config, user_turns
+from tests.storage_backends.redis.test_engine import redis_config, user_turns
 from tests.hicache.engine.helpers import chat, engine, push_to_storage
 eng = engine(redis_config(sys.argv[1]))
 chat(eng, user_turns(int(sys.argv[2])), between=push_to_storage)

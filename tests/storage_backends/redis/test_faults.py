@@ -15,8 +15,8 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from storage_backends import StorageConfig, StorageOpenError, create
-from storage_backends.redis_backend import key_prefix
-from storage_backends.redis_cluster import ClusterOptions, LocalRedisCluster
+from storage_backends.redis.backend import key_prefix
+from storage_backends.redis.cluster import ClusterOptions, LocalRedisCluster
 from tests.polling import wait_until
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from hicache.config.cache import CacheConfig
 from hicache.keys.hashing import model_fingerprint
 from storage_backends import StorageConfig, create
 from storage_backends.disk.scan import locate
-from storage_backends.inspect import summarize, verify
+from storage_backends.tools.inspect import summarize, verify
 
 PAGE = 4096
 N = 12

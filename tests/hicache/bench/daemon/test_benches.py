@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hicache.bench.daemon import FAIRNESS_TRANSPORTS, SHORT, TRANSPORTS
-from hicache.bench.sharing import split
-from hicache.bench.tiering import build_trace
+from hicache.bench.daemon.bench import FAIRNESS_TRANSPORTS, SHORT, TRANSPORTS
+from hicache.bench.tiering.bench import build_trace
+from hicache.bench.tiering.sharing import split
 from hicache.cli import main
 
 SMALL = """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.bench.daemon_store import StoreKind, store_kinds
+from hicache.bench.daemon.store import StoreKind, store_kinds
 from hicache.cli import main
 
 

@@ -10,9 +10,9 @@ import pytest
 from redis.cluster import RedisCluster
 
 from hicache.cli import main
-from storage_backends.mooncake_local import MooncakeUnavailableError, mooncake_binaries
-from storage_backends.redis_backend import parse_endpoint
-from storage_backends.redis_cluster import ClusterOptions, LocalRedisCluster, redis_server_binary
+from storage_backends.mooncake.local import MooncakeUnavailableError, mooncake_binaries
+from storage_backends.redis.backend import parse_endpoint
+from storage_backends.redis.cluster import ClusterOptions, LocalRedisCluster, redis_server_binary
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "redis", "mooncake"])

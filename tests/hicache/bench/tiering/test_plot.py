@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from unittest import mock
 
-from hicache.bench.tiering import TierReport
-from hicache.bench.tiering_plot import TIER_COLOURS, plot, styles
+from hicache.bench.tiering.bench import TierReport
+from hicache.bench.tiering.plot import TIER_COLOURS, plot, styles
 
 TIERS = ("device", "host", "storage")
 LINKS = ("d2h", "h2d", "h2s", "s2h")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hicache.bench import sglang_trees
+from hicache.bench.tree import sglang_trees
 
 
 def test_missing_sglang_is_a_clear_reason(monkeypatch: pytest.MonkeyPatch) -> None:
