@@ -20,10 +20,11 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType, ModuleType
+from types import CodeType, MappingProxyType, ModuleType
 
 # old path -> new path (docs/architecture.md, "Where the code lives"; remove after next release)
 MOVED: Mapping[str, str] = MappingProxyType(
@@ -75,6 +76,15 @@ class _Alias(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         module.__spec__ = self.spec
+
+    def get_code(self, fullname: str) -> CodeType | None:
+        """``python -m OLD`` runs the new module's code as ``__main__`` (runpy asks for it)."""
+        warnings.warn(f"{fullname} moved to {self.new}", DeprecationWarning, stacklevel=2)
+        spec = importlib.util.find_spec(self.new)
+        loader = spec.loader if spec is not None else None
+        if not isinstance(loader, importlib.abc.InspectLoader):
+            return None
+        return loader.get_code(self.new)
 
 
 class MovedFinder(importlib.abc.MetaPathFinder):

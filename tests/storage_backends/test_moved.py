@@ -8,6 +8,7 @@ import importlib
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,15 @@ def test_an_old_path_works_without_hicache() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_python_m_with_an_old_path_runs_the_module_at_its_new_path(tmp_path: Path) -> None:
+    """``python -m storage_backends.lmdb_check DIR`` (the child-process check's old command)."""
+    command = [sys.executable, "-W", "default", "-m", "storage_backends.lmdb_check", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert "moved to storage_backends.lmdb.check" in done.stderr
+    assert "FileNotFoundError" in done.stderr and "data.mdb" in done.stderr  # no store there
+    assert done.returncode == 1
 
 
 def test_public_names_and_registered_backends_need_no_warning() -> None:
