@@ -6,8 +6,11 @@ picks the cache config a benchmark reads (``--set`` changes one key); a
 ``--set`` key that a benchmark would ignore is refused.
 """
 
-# For developers: each benchmark is a module exposing ``add_arguments(parser)``
-# and ``run(args) -> int``; its docstring's first line is its help. The table
+# For developers: each suite is a sub-package (``tiering/``, ``storage/``, ...;
+# helpers two suites share in ``common/``), and each benchmark a module of it
+# (``<suite>/bench.py``, or ``storage/store_open.py``, ``daemon/store.py``)
+# exposing ``add_arguments(parser)`` and ``run(args) -> int``; its docstring's
+# first line is its help. The table
 # below says, per benchmark, the optional packages it needs (checked before it
 # runs, with a hint to install the extra), which config keys it reads, and
 # which kind of config its ``--config`` takes. A benchmark's module is imported
