@@ -24,7 +24,7 @@ from storage_backends.lmdb.check import CheckResult, check_store
 if TYPE_CHECKING:
     from conftest import Pages
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COUNT, SIZE = 20, 5000
 # Writes COUNT pages, then dies without closing (a crash, as far as the store can tell).
 CRASH = textwrap.dedent(

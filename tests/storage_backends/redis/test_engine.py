@@ -28,7 +28,7 @@ from tests.hicache.engine.helpers import (
     tokens,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PAGE_SIZE = 16
 
 WRITER = """
