@@ -1,12 +1,11 @@
 """A batch's reads or writes on a small thread pool: pread/pwrite release the GIL, so
-the bytes in flight grow with the threads. Beside them, one helper thread for work that
-overlaps a write the calling thread makes (hashing the pages it writes)."""
+the bytes in flight grow with the threads."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 _T = TypeVar("_T")
@@ -20,7 +19,6 @@ class IoPool:
     def __init__(self, threads: int) -> None:
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
-        self._helper: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -28,14 +26,6 @@ class IoPool:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="disk-io")
             return self._pool
-
-    def beside(self, fn: Callable[[], _R]) -> Future[_R]:
-        """Run ``fn`` on the helper thread (started on first use); its future. The caller
-        waits for it before returning anything ``fn`` reads to its own caller."""
-        with self._lock:
-            if self._helper is None:
-                self._helper = ThreadPoolExecutor(1, thread_name_prefix="disk-hash")
-            return self._helper.submit(fn)
 
     @property
     def threads(self) -> int:
@@ -59,10 +49,9 @@ class IoPool:
 
     def close(self) -> None:
         with self._lock:
-            pools, self._pool, self._helper = (self._pool, self._helper), None, None
-        for pool in pools:
-            if pool is not None:
-                pool.shutdown(wait=True)
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 def _run_all(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:

@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import lmdb
-import xxhash
 
 from storage_backends.disk.index import IndexWriter
 from storage_backends.disk.layout import Slot, SlotClass, SlotRun, slot_class
@@ -253,11 +252,8 @@ class DiskWrites:
         """The spans' records, one ``pwritev`` a span, on the I/O pool (data fsynced at
         ``sync = "full"``, before the index commits)."""
         failed = self._grow(placed)
-        # Spans on one thread (one span, or one I/O thread): a large span's pages are
-        # hashed on the helper thread while this one writes them (``_write_piped``).
-        piped = len(placed) < 2 or self._ctx.pool.threads < 2
         result = self._ctx.pool.map(
-            lambda span: span.segment not in failed and self._write_span(span, piped), placed
+            lambda span: span.segment not in failed and self._write_span(span), placed
         )
         if self._fsync_data and any(result):
             try:
@@ -283,11 +279,9 @@ class DiskWrites:
                 failed.add(segment)
         return failed
 
-    def _write_span(self, span: _Span, piped: bool = False) -> bool:
+    def _write_span(self, span: _Span) -> bool:
         """Write a span's records (header, payload, zeros up to the next slot); runs on
-        the I/O pool, so the checksums are computed there too (or beside: ``piped``)."""
-        if piped and _hashed_bytes(span.pages) >= PIPE_BYTES:
-            return self._write_piped(span)
+        the I/O pool, so the checksums are computed there too."""
         stride, last = span.cls.stride, len(span.pages) - 1
         bufs: list[bytes | memoryview] = []
         for n, page in enumerate(span.pages):
@@ -300,30 +294,6 @@ class DiskWrites:
             if pad and n < last:
                 bufs.append(gap(pad))
         return self._write_bufs(span, span.offset, bufs)
-
-    def _write_piped(self, span: _Span) -> bool:
-        """``_write_span`` with the payloads hashed on the helper thread while this one
-        writes the span with blank headers; then each header is written over its blank.
-        Hashing and the kernel's copy both only read the payload, so they overlap; the
-        headers are a small write each (nothing is indexed before they are written)."""
-        pages = span.pages
-        sums = self._ctx.pool.beside(lambda: [_checksum(page) for page in pages])
-        stride, last = span.cls.stride, len(pages) - 1
-        bufs: list[bytes | memoryview] = []
-        for n, page in enumerate(pages):
-            bufs += (_BLANK_HEADER, page.view)
-            pad = stride - HEADER_BYTES - len(page.view)
-            if pad and n < last:
-                bufs.append(gap(pad))
-        written = self._write_bufs(span, span.offset, bufs)
-        checksums = sums.result()  # always waited for: it reads the caller's buffers
-        if not written:
-            return False
-        for n, (page, checksum) in enumerate(zip(pages, checksums, strict=True)):
-            header = header_for(page.key, len(page.view), checksum)
-            if not self._write_bufs(span, span.offset + n * stride, [header]):
-                return False
-        return True
 
     def _write_bufs(self, span: _Span, offset: int, bufs: list[bytes | memoryview]) -> bool:
         try:
@@ -363,19 +333,6 @@ class DiskWrites:
 # A batch smaller than this per I/O thread is written by fewer threads (a pool hop
 # costs tens of microseconds: more than writing a few small pages). As ``reads``.
 SPLIT_BYTES = 1 << 20
-# A span on one thread whose payloads to hash add up to this many bytes is written with
-# its pages hashed beside the write (``DiskWrites._write_piped``); below it, the hand-off
-# to the helper thread costs more than the overlap saves.
-PIPE_BYTES = 1 << 20
-_BLANK_HEADER = bytes(HEADER_BYTES)
-
-
-def _checksum(page: _Page) -> int:
-    return page.checksum if page.checksum is not None else xxhash.xxh3_64_intdigest(page.view)
-
-
-def _hashed_bytes(pages: list[_Page]) -> int:
-    return sum(len(page.view) for page in pages if page.checksum is None)
 
 
 def _groups(pages: list[_Page], direct_io: bool) -> list[_Group]:

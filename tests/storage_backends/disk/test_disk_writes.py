@@ -4,10 +4,8 @@ transaction (a failed commit leaves nothing of it)."""
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
-import threading
 from pathlib import Path
 
 import lmdb
@@ -117,82 +115,6 @@ def test_a_batch_of_adjacent_slots_is_one_pwritev_a_thread(
         dst = [memoryview(bytearray(SIZE)) for _ in ids]
         assert all(store.get([_key(i) for i in ids], dst))
         assert [bytes(d) for d in dst] == [_payload(i) for i in ids]
-    finally:
-        store.close()
-
-
-@pytest.mark.parametrize("threads", [1, 4])
-def test_a_large_span_is_hashed_beside_its_write(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
-) -> None:
-    """A span on one thread with ``PIPE_BYTES`` to hash is written with blank headers
-    while its pages are hashed on the helper thread, then each header goes over its
-    blank: one ``pwritev`` for the span, one a header; every page reads back bit-exact,
-    including one whose checksum the caller gave (``put_records``)."""
-    big = 3 * 1024 * 1024 // 8  # 384 KiB pages: 3 of them pass PIPE_BYTES
-    monkeypatch.setattr(writes, "PIPE_BYTES", 1 << 20)
-    hashed_on: set[str] = set()
-    real_hash = writes._checksum
-
-    def noting(page: writes._Page) -> int:
-        hashed_on.add(threading.current_thread().name)
-        return real_hash(page)
-
-    monkeypatch.setattr(writes, "_checksum", noting)
-    sizes: list[int] = []
-    real = os.pwritev
-
-    def counting(fd: int, bufs: list[memoryview], offset: int) -> int:
-        sizes.append(sum(map(len, bufs)))
-        return real(fd, bufs, offset)
-
-    store = create("disk", _config(tmp_path / "s", io_threads=threads))
-    try:
-        ids = range(3)
-        src = [memoryview(_big(i, big)) for i in ids]
-        monkeypatch.setattr(os, "pwritev", counting)
-        assert store.put([_key(i) for i in ids], src) == [True] * 3
-        monkeypatch.setattr(os, "pwritev", real)
-        assert sizes[1:] == [HEADER_BYTES] * 3 and sizes[0] > 3 * big
-        assert hashed_on and all(name.startswith("disk-hash") for name in hashed_on)
-        dst = [memoryview(bytearray(big)) for _ in ids]
-        assert store.get([_key(i) for i in ids], dst) == [True] * 3
-        assert [bytes(d) for d in dst] == [bytes(s) for s in src]
-        assert store.stats().corrupt == 0
-    finally:
-        store.close()
-
-
-def _big(i: int, size: int) -> bytes:
-    return (hashlib.sha256(f"big-{i}".encode()).digest() * (size // 32 + 1))[:size]
-
-
-def test_a_failed_header_write_stores_nothing_of_its_span(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The headers of a hashed-beside span are written last: when one fails, the span's
-    pages are not stored (reported, counted) and the next put stores them."""
-    big = 512 << 10
-    monkeypatch.setattr(writes, "PIPE_BYTES", 1 << 20)
-    real = os.pwritev
-
-    def header_fails(fd: int, bufs: list[memoryview], offset: int) -> int:
-        if sum(map(len, bufs)) == HEADER_BYTES:
-            raise OSError(errno.EIO, "injected")
-        return real(fd, bufs, offset)
-
-    store = create("disk", _config(tmp_path / "s"))
-    try:
-        src = [memoryview(_big(i, big)) for i in range(2)]
-        monkeypatch.setattr(os, "pwritev", header_fails)
-        assert store.put([_key(i) for i in range(2)], src) == [False, False]
-        monkeypatch.setattr(os, "pwritev", real)
-        assert store.contains([_key(0), _key(1)]) == [False, False]
-        assert store.stats().put_failures == 2
-        assert store.put([_key(i) for i in range(2)], src) == [True, True]
-        dst = [memoryview(bytearray(big)) for _ in range(2)]
-        assert store.get([_key(i) for i in range(2)], dst) == [True, True]
-        assert [bytes(d) for d in dst] == [bytes(s) for s in src]
     finally:
         store.close()
 
