@@ -4,7 +4,7 @@ Four rows, every one with the same device pool: no cache (every token is
 recomputed), device only, device + host, and device + host + storage. --config
 (and --set) decide the model, the device pool, the policies, the host pool of
 the two host rows (host.ratio 2.0 when the config turns the host tier off) and
-the backend of the storage row: lmdb or file in a temporary directory, redis or
+the backend of the storage row: disk, lmdb or file in a temporary directory, redis or
 mooncake under a key prefix of this run, remote on the configured daemon,
 memory as it is; with no storage tier configured, LMDB in a temporary
 directory. It never changes which rows run: `--config device-only` still
@@ -43,12 +43,13 @@ from hicache.bench.workloads import (
 from hicache.cache import HiRadixCache
 from hicache.config.cache import CacheConfig, HostConfig
 from hicache.config.flags import at_least
+from hicache.tree.radix_tree import Tokens, as_token_list
 from storage_backends import StorageConfig
 
 LINKS = ("d2h", "h2d", "h2s", "s2h")
 TIERS = ("device", "host", "storage")
 # Backends whose store is a directory: the bench gives them a fresh temporary one.
-PATH_BACKENDS = ("lmdb", "file")
+PATH_BACKENDS = ("disk", "lmdb", "file")
 # Backends of a shared network store: the bench uses it under a key prefix of its own.
 NETWORK_BACKENDS = ("redis", "mooncake")
 # What one "round" of each workload is, for the plot's axis.
@@ -119,6 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", type=Path, default=None, help="report file (default: OUT/tiering.json)"
     )
     parser.add_argument("--plot", type=Path, default=None, help="plot (default: OUT/tiering.png)")
+    from hicache.bench import trace_bench
+
+    trace_bench.add_arguments(parser)
 
 
 def build_trace(workload: str, clients: int, rounds: int, seed: int) -> list[TraceRequest]:
@@ -188,28 +192,34 @@ def _tiers_text(setup: CacheConfig | None) -> str:
 
 
 def serve(cache: HiRadixCache, req: TraceRequest) -> Served:
+    """One request of a generated workload (see ``serve_tokens``)."""
+    return serve_tokens(cache, req.tokens)
+
+
+def serve_tokens(cache: HiRadixCache, tokens: Tokens) -> Served:
     """One request, driven the way the reference engine drives the cache,
-    except that every asynchronous step is awaited (see the module docstring)."""
-    tokens = req.tokens
-    m = cache.match_prefix(tokens)
+    except that every asynchronous step is awaited (see the module docstring).
+    The token ids are converted and checked once, by the first match."""
+    key = as_token_list(tokens)
+    m = cache.match_prefix(key)
     device, fetched = m.device_hit_length, 0
     # The prefetch job looks storage up, then fetches, on the storage workers.
-    if cache.storage is not None and cache.prefetch("bench", tokens, None, m.last_host_node):
+    if cache.storage is not None and cache.prefetch("bench", key, None, m.last_host_node):
         fetched = cache.wait_prefetch("bench").fetched_tokens
         cache.release_prefetch("bench")
-        m = cache.match_prefix(tokens)
+        m = cache.match_prefix(key)
     prefix, last, _ = cache.admit(m)
     cache.start_loading()
     for layer in range(cache.device_pool.shape.num_layers):
         cache.wait_layer(layer)
-    n_new = len(tokens) - prefix.numel()
+    n_new = len(key) - prefix.numel()
     new = cache.alloc_device(n_new)
     if new is None:
         raise RuntimeError(f"no device room for a request: {cache.device_shortfall(n_new)}")
-    cache.cache_finished_req(tokens, torch.cat([prefix, new[:n_new]]), last)
+    cache.cache_finished_req(key, torch.cat([prefix, new[:n_new]]), last)
     cache.drain()
     reused = int(prefix.numel())
-    aligned = len(tokens) // cache.page_size * cache.page_size
+    aligned = len(key) // cache.page_size * cache.page_size
     return Served(device, max(reused - device - fetched, 0), fetched, aligned)
 
 
@@ -328,6 +338,10 @@ def print_table(reports: list[TierReport]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trace is not None:
+        from hicache.bench import trace_bench
+
+        return trace_bench.run(args)
     config: CacheConfig = args.config
     trace = build_trace(args.workload, args.clients, args.rounds, args.seed)
     capacity = config.device.num_tokens
