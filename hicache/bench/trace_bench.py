@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 from typing import NamedTuple
@@ -46,7 +48,7 @@ from hicache.bench.trace_models import (
 )
 from hicache.bench.trace_probe import StoreRate, given_rates, probe
 from hicache.bench.trace_rates import WINDOW_S, window_index
-from hicache.bench.trace_replay import ReplayResult, replay
+from hicache.bench.trace_replay import ReplayResult, replay_job
 from hicache.bench.trace_report import (
     Context,
     SetupFigures,
@@ -73,6 +75,7 @@ from hicache.config.flags import at_least, overrides_of
 logger = logging.getLogger(__name__)
 DEFAULT_PAGE = 512
 PROBE_MIB = 256
+JOBS = 2  # the 2 cores of the machines this was sized on; each job is mostly waits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,6 +114,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--disk-gbps",
         metavar="READ[,WRITE]",
         help="the store's GB/s instead of measuring the config's store and a daemon here",
+    )
+    group.add_argument(
+        "--jobs",
+        type=at_least(1),
+        default=JOBS,
+        help="set-ups replayed at once, each in a process of its own",
     )
     group.add_argument(
         "--probe-mib", type=at_least(1), default=PROBE_MIB, help="MiB each store probe writes"
@@ -187,10 +196,9 @@ def run(args: argparse.Namespace) -> int:
     )
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hicache-trace-") as tmp:
-        results = _replay_all(plan, trace, ctx, Path(tmp))
+        results = _replay_all(plan, trace, ctx, Path(tmp), args.jobs)
         replay_s = time.perf_counter() - began
-        total = args.probe_mib << 20
-        stores = [plan.given] if plan.given else probe(plan.config, plan.model, total, Path(tmp))
+        stores = _stores(plan, args.probe_mib << 20, Path(tmp))
     figures = [setup_figures(r, ctx) for r in results]
     judged = verdicts(figures, stores)
     print_hits(figures)
@@ -201,19 +209,50 @@ def run(args: argparse.Namespace) -> int:
     return _write(args, plan, report, ctx)
 
 
-def _replay_all(plan: Plan, trace: Trace, ctx: Context, scratch: Path) -> list[ReplayResult]:
-    """Each set-up in turn, a line with its hit rate as it finishes."""
-    results = []
-    for i, sizes in enumerate(plan.sizes):
-        setup = build_setup(plan.config, sizes, scratch / f"store{i}")
-        result = replay(setup, trace, f"[{i + 1}/{len(plan.sizes)}] {setup.name}")
-        fig = setup_figures(result, ctx)
-        print(
-            f"[{i + 1}/{len(plan.sizes)}] {setup.name}: hit {fig.hit_rate:.1%} "
-            f"(bound {fig.bound_hit_rate:.1%}), replayed in {result.seconds:.0f} s"
-        )
-        results.append(result)
-    return results
+def _stores(plan: Plan, probe_bytes: int, scratch: Path) -> list[StoreRate]:
+    """What the storage rows are judged against: ``--disk-gbps``, else a probe (none
+    without storage rows)."""
+    if plan.given is not None:
+        return [plan.given]
+    if not any(s.storage for s in plan.sizes):
+        return []
+    print(f"measuring the config's store and a daemon ({probe_bytes >> 20} MiB each)...")
+    return probe(plan.config, plan.model, probe_bytes, scratch)
+
+
+def _replay_all(
+    plan: Plan, trace: Trace, ctx: Context, scratch: Path, jobs: int
+) -> list[ReplayResult]:
+    """Every set-up, ``jobs`` at a time (each job a process of its own: a replay waits on
+    its cache's worker threads much of the time), a line per set-up as it finishes."""
+    n = len(plan.sizes)
+    setups = [build_setup(plan.config, s, scratch / f"store{i}") for i, s in enumerate(plan.sizes)]
+    labels = [f"[{i + 1}/{n}] {s.name}" for i, s in enumerate(setups)]
+    results: list[ReplayResult | None] = [None] * n
+    if jobs == 1:
+        for i, setup in enumerate(setups):
+            results[i] = _done(replay_job(setup, trace, labels[i], 0), labels[i], ctx)
+        return [r for r in results if r is not None]
+    spawn = multiprocessing.get_context("spawn")  # no fork of a process running threads
+    with ProcessPoolExecutor(jobs, mp_context=spawn) as pool:
+        running = {
+            pool.submit(replay_job, setup, trace, labels[i], i % jobs): i
+            for i, setup in enumerate(setups)
+        }
+        for future in as_completed(running):
+            i = running[future]
+            results[i] = _done(future.result(), labels[i], ctx)
+    return [r for r in results if r is not None]
+
+
+def _done(result: ReplayResult, label: str, ctx: Context) -> ReplayResult:
+    fig = setup_figures(result, ctx)
+    print(
+        f"{label}: hit {fig.hit_rate:.1%} (bound {fig.bound_hit_rate:.1%}), "
+        f"replayed in {result.seconds:.0f} s",
+        flush=True,
+    )
+    return result
 
 
 class Report(NamedTuple):

@@ -110,10 +110,11 @@ def _capacity(ax: Axes, figures: list[SetupFigures]) -> None:
     groups: dict[tuple[int, int], list[tuple[int, SetupFigures]]] = {}
     for i, f in stored:
         groups.setdefault((f.tokens["device"], f.tokens["host"]), []).append((i, f))
-    for (dev, host), members in groups.items():
+    for members in groups.values():
         xs = [f.tokens["storage"] for _, f in members]
         ys = [f.hit_rate for _, f in members]
-        ax.plot(xs, ys, "-", color="#444444", linewidth=1, label=f"device {dev:,} + host {host:,}")
+        label = members[0][1].name.rsplit(" + storage", 1)[0] + " + storage"
+        ax.plot(xs, ys, "-", color="#444444", linewidth=1, label=label)
         for (i, _), x, y in zip(members, xs, ys, strict=True):
             ax.plot(x, y, "o", color=_colour(i), markersize=8)
             ax.annotate(f"{y:.1%}", (x, y), fontsize=8, xytext=(4, -12), textcoords="offset points")
@@ -141,6 +142,9 @@ def _links(ax: Axes, figures: list[SetupFigures]) -> None:
         p99 = [f.link_gbps[k].p99 for k in LINKS]
         ax.bar(xs, means, width, color=_colour(i), label=f.name)
         ax.plot(xs, p99, "_", color="black", markersize=10, markeredgewidth=2)
+        for x, v in zip(xs, means, strict=True):
+            if v == 0:  # a zero bar is invisible: mark it
+                ax.plot(x, 0, "o", color=_colour(i), markersize=4, clip_on=False)
     ax.plot([], [], "_", color="black", markeredgewidth=2, label="p99 window")
     ax.set_xticks(range(len(LINKS)), [LINK_LABELS[k] for k in LINKS])
     ax.set_ylabel("GB/s the link must sustain (bar: mean, tick: p99)")
@@ -158,17 +162,18 @@ def _windows(ax: Axes, series: StorageSeries | None, stores: list[StoreRate]) ->
         minutes, series.write, color="#d62728", linewidth=0.8, label="host→storage (disk writes)"
     )
     ax.plot(minutes, series.read, color="#1f77b4", linewidth=0.8, label="storage→host (disk reads)")
-    for k, store in enumerate(stores):
-        style = ("-", "--", ":")[k % 3]
+    for k, store in enumerate(stores):  # a store's write and read differ in dash too
+        styles = (("-", (0, (6, 3))), ((0, (1, 2)), (0, (4, 2, 1, 2))))[k % 2]
         if store.write_gbps is not None:
-            ax.axhline(store.write_gbps, color="#d62728", linestyle=style, linewidth=1.4,
+            ax.axhline(store.write_gbps, color="#d62728", linestyle=styles[0], linewidth=1.4,
                        label=f"{store.source}: write {store.write_gbps:.2f} GB/s")  # fmt: skip
         if store.read_gbps is not None:
-            ax.axhline(store.read_gbps, color="#1f77b4", linestyle=style, linewidth=1.4,
+            ax.axhline(store.read_gbps, color="#1f77b4", linestyle=styles[1], linewidth=1.4,
                        label=f"{store.source}: read {store.read_gbps:.2f} GB/s")  # fmt: skip
     ax.set_xlabel("minutes into the trace")
     ax.set_ylabel(f"GB/s over {series.window_s:g}-s windows")
     ax.set_yscale("symlog", linthresh=0.1)
+    ax.set_ylim(bottom=0)
     ax.set_title(f"storage links window by window: {series.name}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from hicache.bench.tiering import LINKS, TIERS, serve_tokens
 from hicache.bench.trace_file import Trace, prompt_tokens
@@ -41,7 +42,19 @@ def _links(stats: CacheStats) -> list[int]:
     return [getattr(stats, f"bytes_{link}") for link in LINKS]
 
 
-def replay(setup: TraceSetup, trace: Trace, label: str = "") -> ReplayResult:
+def replay_job(setup: TraceSetup, trace: Trace, label: str, slot: int) -> ReplayResult:
+    """``replay`` with one torch thread (a process's entry point for ``--jobs``)."""
+    before = torch.get_num_threads()
+    # A request's tensors are a few thousand slots: a second intra-op thread only adds
+    # its synchronisation (3-4x the replay's time on 2 loaded cores, measured).
+    torch.set_num_threads(1)
+    try:
+        return replay(setup, trace, label, slot)
+    finally:
+        torch.set_num_threads(before)
+
+
+def replay(setup: TraceSetup, trace: Trace, label: str = "", slot: int = 0) -> ReplayResult:
     """Replay every request of ``trace`` through a fresh cache built from
     ``setup.config``; the cache is closed (its store too) before returning."""
     from tqdm import tqdm  # an extra (hicache[bench]); the CLI checks for it first
@@ -53,7 +66,7 @@ def replay(setup: TraceSetup, trace: Trace, label: str = "") -> ReplayResult:
     started = time.perf_counter()
     with HiRadixCache(setup.config) as cache:
         before = _links(cache.stats())
-        bar = tqdm(trace.records, desc=label or setup.name, unit="req", leave=False)
+        bar = tqdm(trace.records, desc=label or setup.name, unit="req", leave=False, position=slot)
         for i, record in enumerate(bar):
             got = serve_tokens(cache, as_token_list(prompt_tokens(record, trace.block_tokens)))
             hits["device"][i], hits["host"][i], hits["storage"][i] = got[:3]

@@ -106,12 +106,14 @@ class Verdict(NamedTuple):
 
 
 def judge(need: Rate, have: float | None) -> str:
+    """Keeps up: even the p99 window's demand fits; on average only: the mean fits and
+    bursts queue; falls behind: not even the mean fits."""
     if have is None:
         return "not measured"
     if need.p99 <= have:
         return "keeps up"
     if need.mean <= have:
-        return "keeps up on average, not in the p99 window"
+        return "keeps up on average only"
     return "falls behind"
 
 
@@ -158,13 +160,21 @@ def print_links(figures: list[SetupFigures], model: ModelGeometry, window_s: flo
 
 
 def print_verdicts(verdicts_: list[Verdict], stores: list[StoreRate]) -> None:
-    for s in stores:
-        w = "n/a" if s.write_gbps is None else f"{s.write_gbps:.2f}"
-        r = "n/a" if s.read_gbps is None else f"{s.read_gbps:.2f}"
-        print(f"measured: {s.source}: write {w} GB/s, read {r} GB/s ({s.note})")
+    for st in stores:
+        w = "n/a" if st.write_gbps is None else f"{st.write_gbps:.2f}"
+        r = "n/a" if st.read_gbps is None else f"{st.read_gbps:.2f}"
+        print(f"measured: {st.source}: write {w} GB/s, read {r} GB/s ({st.note})")
+    if not verdicts_:
+        return
+    sources = list(dict.fromkeys(v.source for v in verdicts_))
+    print("does it keep up? storage link demand in GB/s, mean / p99 window")
+    print(f"{'set-up':<36}{'link':<24}{'need':>14}  " + "".join(f"{s[:30]:<32}" for s in sources))
+    rows: dict[tuple[str, str], dict[str, Verdict]] = {}
     for v in verdicts_:
-        have = "n/a" if v.have_gbps is None else f"{v.have_gbps:.2f}"
-        print(
-            f"  {v.setup}: {LINK_TEXT[v.link]} needs {v.need_mean_gbps:.2f} (p99 "
-            f"{v.need_p99_gbps:.2f}) GB/s; {v.source} {have}: {v.verdict}"
-        )
+        rows.setdefault((v.setup, v.link), {})[v.source] = v
+    for (setup, link), by_source in rows.items():
+        first = next(iter(by_source.values()))
+        need = f"{first.need_mean_gbps:.2f} / {first.need_p99_gbps:.2f}"
+        what = f"{LINK_TEXT[link]} ({STORAGE_IO[link]}s)"
+        cells = "".join(f"{by_source[s].verdict if s in by_source else '':<32}" for s in sources)
+        print(f"{setup:<36}{what:<24}{need:>14}  {cells}")

@@ -23,6 +23,7 @@ HAND = [
     ([5, 2], 128),  # block 2 after 5 is another prefix
     ([1, 2, 3, 4], 250),  # three blocks; block 4 is new
     ([1], 20),  # under one page
+    ([2, 3], 128),  # blocks 2 and 3 were only ever seen after block 1
 ]
 
 
@@ -38,9 +39,9 @@ def write_trace(path: Path, rows: list[tuple[list[int], int]]) -> Path:
 def test_the_bound_by_hand(tmp_path: Path) -> None:
     trace = read_trace(write_trace(tmp_path / "t.jsonl", HAND), block_tokens=64)
     # page 32: request 1 leaves 96 tokens (block 1, half of block 2), request 2 reuses them
-    assert unbounded_hits(trace, 32).tolist() == [0, 96, 128, 0, 192, 0]
+    assert unbounded_hits(trace, 32).tolist() == [0, 96, 128, 0, 192, 0, 0]
     # page 64: request 1 leaves block 1 only
-    assert unbounded_hits(trace, 64).tolist() == [0, 64, 128, 0, 192, 0]
+    assert unbounded_hits(trace, 64).tolist() == [0, 64, 128, 0, 192, 0, 0]
     with pytest.raises(ValueError, match="must divide"):
         unbounded_hits(trace, 48)
 
