@@ -92,24 +92,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the model the traffic is reported for: {', '.join(MODEL_PRESETS)}, or "
         f"LAYERS/KV_HEADS/HEAD_DIM/DTYPE (e.g. 80/8/128/bfloat16)",
     )
-    group.add_argument("--device-tokens", default="1M", help="device pool size(s), comma-separated")
-    group.add_argument("--host-tokens", default="3M", help="host pool size(s), or none")
     group.add_argument(
-        "--storage-tokens", default="10M,50M,100M", help="storage size(s) (the sweep), or none"
+        "--device-tokens", default="1M", metavar="N[,N...]", help="device pool size(s)"
+    )
+    group.add_argument(
+        "--host-tokens", default="3M", metavar="N[,N...]|none", help="host pool size(s)"
+    )
+    group.add_argument(
+        "--storage-tokens",
+        default="10M,50M,100M",
+        metavar="N[,N...]|none",
+        help="storage size(s): the capacity sweep",
     )
     group.add_argument(
         "--page-size",
         type=at_least(1),
+        metavar="TOKENS",
         default=DEFAULT_PAGE,
         help="tokens per page in the replay (must divide the trace's blocks)",
     )
     group.add_argument(
         "--block-tokens",
         type=at_least(1),
+        metavar="TOKENS",
         default=MOONCAKE_BLOCK_TOKENS,
         help="tokens per hash id in the trace",
     )
-    group.add_argument("--window-s", type=float, default=WINDOW_S, help="bandwidth window (s)")
+    group.add_argument(
+        "--window-s", type=float, default=WINDOW_S, metavar="S", help="bandwidth window"
+    )
     group.add_argument(
         "--disk-gbps",
         metavar="READ[,WRITE]",
@@ -118,11 +129,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--jobs",
         type=at_least(1),
+        metavar="N",
         default=JOBS,
         help="set-ups replayed at once, each in a process of its own",
     )
     group.add_argument(
-        "--probe-mib", type=at_least(1), default=PROBE_MIB, help="MiB each store probe writes"
+        "--probe-mib",
+        type=at_least(1),
+        default=PROBE_MIB,
+        metavar="MIB",
+        help="what each store probe writes",
     )
 
 
