@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -92,6 +92,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the model the traffic is reported for: {', '.join(MODEL_PRESETS)}, or "
         f"LAYERS/KV_HEADS/HEAD_DIM/DTYPE (e.g. 80/8/128/bfloat16)",
     )
+    _size_flags(group)
+    _rate_flags(group)
+
+
+def _size_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--device-tokens", default="1M", metavar="N[,N...]", help="device pool size(s)"
     )
@@ -118,6 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=MOONCAKE_BLOCK_TOKENS,
         help="tokens per hash id in the trace",
     )
+
+
+def _rate_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--window-s", type=float, default=WINDOW_S, metavar="S", help="bandwidth window"
     )
@@ -142,31 +150,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass(frozen=True)
 class Plan:
-    """Everything the flags decide, checked before anything runs."""
+    """Everything the flags decide (``plan_run``), checked before anything runs."""
 
-    def __init__(self, args: argparse.Namespace, config: CacheConfig) -> None:
-        _refuse_replaced(args)
-        self.model: ModelGeometry = parse_model(args.model)
-        self.page_size: int = args.page_size
-        if args.block_tokens % args.page_size:
-            raise ValueError(
-                f"--page-size {args.page_size} must divide --block-tokens {args.block_tokens}"
-            )
-        if args.window_s <= 0:
-            raise ValueError(f"--window-s must be > 0, got {args.window_s}")
-        self.sizes: list[TierSizes] = sweep(
-            parse_token_list(args.device_tokens, "--device-tokens"),
-            parse_token_list(args.host_tokens, "--host-tokens", allow_none=True),
-            parse_token_list(args.storage_tokens, "--storage-tokens", allow_none=True),
-            args.page_size,
+    config: CacheConfig
+    path: Path
+    model: ModelGeometry
+    page_size: int
+    sizes: tuple[TierSizes, ...]
+    window_s: float
+    given: StoreRate | None
+
+
+def plan_run(args: argparse.Namespace, config: CacheConfig) -> Plan:
+    """The run the flags ask for; ValueError naming the flag that is wrong."""
+    _refuse_replaced(args)
+    if args.block_tokens % args.page_size:
+        raise ValueError(
+            f"--page-size {args.page_size} must divide --block-tokens {args.block_tokens}"
         )
-        if any(s.storage for s in self.sizes):
-            check_store(storage_setup(config, Path("store")))
-        self.given: StoreRate | None = given_rates(args.disk_gbps) if args.disk_gbps else None
-        self.config = config
-        self.path = resolve_trace(args.trace)
-        self.window_s: float = args.window_s
+    if args.window_s <= 0:
+        raise ValueError(f"--window-s must be > 0, got {args.window_s}")
+    sizes = sweep(
+        parse_token_list(args.device_tokens, "--device-tokens"),
+        parse_token_list(args.host_tokens, "--host-tokens", allow_none=True),
+        parse_token_list(args.storage_tokens, "--storage-tokens", allow_none=True),
+        args.page_size,
+    )
+    if any(s.storage for s in sizes):
+        check_store(storage_setup(config, Path("store")))
+    given = given_rates(args.disk_gbps) if args.disk_gbps else None
+    model = parse_model(args.model)
+    path = resolve_trace(args.trace)
+    return Plan(config, path, model, args.page_size, tuple(sizes), args.window_s, given)
 
 
 def _refuse_replaced(args: argparse.Namespace) -> None:
@@ -198,7 +215,7 @@ def describe(trace: Trace, plan: Plan) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:  # every check before the first replay: a bad flag or line costs nothing
-        plan = Plan(args, args.config)
+        plan = plan_run(args, args.config)
         trace = read_trace(plan.path, args.block_tokens)
         check_sizes(plan.sizes, max(r.input_length for r in trace.records))
     except ValueError as exc:

@@ -12,6 +12,7 @@ exactly that many pages: its ``max_bytes`` is pages × (record header + page).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -109,7 +110,7 @@ def sweep(
     return out
 
 
-def check_sizes(sizes: list[TierSizes], longest_prompt: int) -> None:
+def check_sizes(sizes: Sequence[TierSizes], longest_prompt: int) -> None:
     """ValueError, before anything runs, for a tier under one page or a device pool
     that cannot hold the trace's longest prompt."""
     for s in sizes:
