@@ -17,7 +17,7 @@ import pytest
 from storage_backends import StorageBackend, StorageConfig, create
 from storage_backends.errors import StorageOpenError
 from storage_backends.guard import open_guarded
-from storage_backends.migrate import migrate
+from storage_backends.tools.migrate import migrate
 
 if TYPE_CHECKING:
     from conftest import Pages

@@ -2,7 +2,7 @@
 close: same size, same inode (a tool writing into the file, ``dd conv=notrunc``, a
 restore with ``rsync --inplace --times``). The open runs the index check anyway: a
 damaged index is quarantined, never opened unchecked. (The ``lmdb`` backend's twin:
-``tests/storage_backends/test_lmdb_clean.py``.)"""
+``tests/storage_backends/lmdb/test_clean.py``.)"""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import storage_backends.disk.backend as disk_backend
 from storage_backends import StorageBackend, StorageConfig, create
 from storage_backends.disk.layout import INDEX_DIR
-from storage_backends.lmdb_check import CheckResult, check_store
+from storage_backends.lmdb.check import CheckResult, check_store
 
 SIZE = 4096
 N = 6

@@ -2,7 +2,7 @@
 load is reported failed (SGLang's verdict aborts its request), and its late bytes
 never land in a later load's buffers: the next request's KV is bit-exact.
 
-SGLang's real ``UnifiedRadixCache`` on CPU (``hicache.bench.sglang_linker``), over a
+SGLang's real ``UnifiedRadixCache`` on CPU (``hicache.bench.sglang.linker``), over a
 store whose one armed read answers only once the linker has given up on it and the
 next load's read is in flight (``late_store``).
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hicache.bench.sglang_linker import Shape
+from hicache.bench.sglang.linker import Shape
 from tests.hicache.integrations.sglang import late_store
 from tests.hicache.integrations.sglang.linker_support import (
     SglangModules,

@@ -3,7 +3,7 @@ docs/sglang.md says: MHA ranks each store and load their own shard under their o
 namespace; MLA ranks hold the same latent cache, rank 0 alone stores it and every
 rank loads that one copy. Every rank gets its KV back bit-exact.
 
-SGLang's real ``UnifiedRadixCache`` per rank (``hicache.bench.sglang_linker``), the
+SGLang's real ``UnifiedRadixCache`` per rank (``hicache.bench.sglang.linker``), the
 ranks as threads in lockstep whose TP group reduces through ``thread_ranks``, over
 one ``file`` store both ranks open.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hicache.bench.sglang_linker import Fetched, Shape
+from hicache.bench.sglang.linker import Fetched, Shape
 from tests.hicache.integrations.sglang.linker_support import (
     SglangModules,
     UnifiedServer,
