@@ -32,8 +32,9 @@ def _identity(data_file: Path) -> str | None:
         st = os.stat(data_file)
     except OSError:
         return None
-    # The change time too: a write in place whose modification time was put back (or
-    # that fell in the close's timestamp tick) keeps size, inode and mtime.
+    # The change time too: a write in place whose modification time was put back keeps
+    # size, inode and mtime; its change time moves (a write within the close's own
+    # timestamp tick would still keep both).
     return f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}"
 
 
