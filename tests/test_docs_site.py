@@ -141,3 +141,22 @@ hicache bench vllm [--chunk-kb 1024] [--json PATH]
 def test_the_readme_names_only_what_exists() -> None:
     # Not part of the site, but it names keys, modules and commands the same way.
     assert refs().problems((REPO / "README.md").read_text()) == []
+
+
+def test_the_pages_name_the_pinned_engine_releases() -> None:
+    # The KV-event formats are decoded in make test with these releases' own Structs.
+    lines = (REPO / "requirements" / "engines.txt").read_text().splitlines()
+    pins = dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
+    events = (REPO / "docs" / "guide" / "events.md").read_text()
+    for package, name in (("vllm", "vLLM"), ("sglang", "SGLang")):
+        assert f"**{name} {pins[package]}**" in events
+
+
+def test_the_cli_page_names_every_shipped_config_by_what_reads_it() -> None:
+    from hicache.config.shipped import CACHE, DAEMON, shipped_configs
+
+    text = " ".join((REPO / "docs" / "reference" / "cli.md").read_text().split())
+    cache, daemon = shipped_configs(CACHE), shipped_configs(DAEMON)
+    assert sorted(cache + daemon) == shipped_configs()
+    assert "(shipped: " + ", ".join(f"`{n}`" for n in cache) + "; default `default`)" in text
+    assert "(shipped: " + ", ".join(f"`{n}`" for n in daemon) + ")" in text
