@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 MARKER = re.compile(r"^<!-- (generated|example): (\S+) -->$", re.M)
 # Benchmark suites whose page is not named after the suite.
 BENCH_PAGES = {"sglang": "integrations.md", "vllm": "integrations.md"}
-HELP_COLUMNS = "100"
+HELP_COLUMNS = "80"  # what the content column shows without scrolling
 
 log = logging.getLogger("mkdocs.plugins.hicache.pages")
 
