@@ -114,6 +114,7 @@ PLANTED = {
     "a python -m module": "```sh\npython -m hicache.engines --turns 2\n```",
     "an option of the engine": "```sh\npython -m hicache.engine --turn 2\n```",
     "a make target": "Then `make doc`.",
+    "a link outside the repository": "See [MkDocs](https://www.mkdocs.org/).",
 }
 
 

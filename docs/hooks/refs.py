@@ -12,6 +12,7 @@ each is a warning, an error under ``mkdocs build --strict``):
   in inline code, in a Python block's imports or a code block's text: a module
   file in the repository, and the names after it defined there;
 - a repository path in inline code (`` `hicache/daemon/readers.py` ``): it exists;
+- a link: none leaves the repository (no ``http(s)://`` links);
 - a command: ``hicache ...`` lines of shell blocks parse with the real parser,
   ``--set`` keys included; in inline code its sub-command path exists;
   ``python -m MODULE`` names a module; ``make TARGET`` a target of the Makefile.
@@ -48,6 +49,7 @@ IN_CODE_MODULE = re.compile(
     r"(?<![\w/.-])(?:hicache|storage_backends|device_pool|host_pool)(?:\.\w+)+"
 )
 PATH = re.compile(rf"^(?:{'|'.join(TOP_DIRS)})/[\w./-]*(?:::\w+)?$")
+OUTSIDE = re.compile(r"\]\((https?://[^)\s]+)|<(https?://[^>\s]+)>")
 SET_FLAG = re.compile(r"--(?:daemon-)?set[ =]([a-z_]+\.[a-z_]+)=")
 
 log = logging.getLogger("mkdocs.plugins.hicache.refs")
@@ -383,6 +385,8 @@ def problems(markdown: str) -> list[str]:
         body = re.sub(rf"^{re.escape(m['indent'])}", "", m["body"], flags=re.M)
         out += check_block(m["lang"], body)
     prose = FENCE.sub("", markdown)
+    for m in OUTSIDE.finditer(prose):
+        out.append(f"{m.group(1) or m.group(2)}: the pages link nothing outside the repository")
     for m in INLINE.finditer(prose):
         problem = check_inline(m.group(2))
         if problem:
