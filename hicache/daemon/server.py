@@ -34,7 +34,7 @@ from hicache.daemon.metrics import DaemonMetrics
 from hicache.daemon.peers import PeerGuard, raise_fd_limit
 from hicache.daemon.readers import ReadDone, Readers, ReadJob
 from hicache.daemon.replies import ReplyBudget
-from hicache.daemon.reply_pool import ReplyPool
+from hicache.daemon.reply_pool import POISON_ENV, ReplyPool, poison_on
 from hicache.daemon.shm_plane import ShmPlane, remove_stale, slab_path
 from hicache.daemon.store import DaemonStore, Lookup, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
@@ -142,7 +142,8 @@ class DaemonServer:
         self._in_flight = 0
         self._in_flight_bytes = 0
         server = config.server
-        self._pool = ReplyPool()  # store reads land in its buffers, which the replies send
+        # Store reads land in its buffers, which the replies send.
+        self._pool = ReplyPool(poison=poison_on())
         self._replies = ReplyBudget(
             server.max_queued_reply_bytes_per_peer,
             server.max_queued_reply_bytes,
@@ -175,6 +176,9 @@ class DaemonServer:
         self._readers = Readers(server.readers, self._serve_read, self._wake, nice)
         self._metrics.reply_bytes.set_function(lambda: self._replies.queued_bytes)
         self._metrics.reply_buffers.set_function(lambda: self._pool.size().lent)
+        self._metrics.reply_tampered.set_function(lambda: self._pool.size().tampered)
+        if poison_on():
+            logger.warning("%s: reply buffers are poisoned once given back (debug)", POISON_ENV)
         metrics = self._config.metrics
         port = self._metrics.serve_http(metrics.host, metrics.port) if metrics.port >= 0 else None
         bound = Bound(endpoint, port, os.getpid())
@@ -536,24 +540,32 @@ class DaemonServer:
         nbytes = sum(len(frame) for frame in frames)
         self._metrics.sent.inc(nbytes)
         peer = identity if isinstance(identity, bytes) else identity.bytes
-        track = isinstance(reply, GetReply) and bool(reply.pages)
+        if not isinstance(reply, GetReply) or not reply.pages:
+            try:
+                self._router.send_multipart([identity, *frames], copy=False)
+            except zmq.ZMQError as exc:
+                logger.debug("reply not sent: %s", exc)
+            except Exception:  # a bug must not end the loop (the client then times out)
+                logger.exception("reply not sent")
+            if claimed:
+                self._replies.unclaim(peer, claimed)
+            self._pool.give_back_all(buffers)
+            return
+        # Every page frame is tracked on its own: ``send_multipart``'s tracker is the last
+        # frame's only, done at once when that frame is small enough to be copied, while
+        # ZeroMQ may still be sending the pages before it from the pool's buffers.
+        header, pages = frames[0], [zmq.Frame(page, track=True) for page in frames[1:]]
+        tracker = zmq.MessageTracker(*pages)
         try:
-            # A received frame cannot be re-sent tracked: the identity goes as bytes.
-            tracker = self._router.send_multipart(
-                [peer if track else identity, *frames], copy=False, track=track
-            )
+            self._router.send_multipart([identity, header, *pages], copy=False)
         except zmq.ZMQError as exc:
             logger.debug("reply not sent: %s", exc)
-            tracker = None
         except Exception:  # a bug must not end the loop (the client then times out)
             logger.exception("reply not sent")
-            tracker = None
-        if tracker is not None:
-            self._replies.add(peer, tracker, claimed, buffers)
-            return
-        if claimed:
-            self._replies.unclaim(peer, claimed)
-        self._pool.give_back_all(buffers)
+        # Sent or not, a page is the pool's again only once ZeroMQ released its frame (a
+        # frame never sent is released when it is garbage).
+        del pages
+        self._replies.add(peer, tracker, claimed, buffers)
 
     def close(self) -> bool:
         """Finish and answer queued writes, then close everything (idempotent; call it

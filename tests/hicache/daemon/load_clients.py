@@ -167,7 +167,9 @@ class RawClient:
             self.receive_one()
         self.next_id += 1
         self.pending[self.next_id] = (op, keys)
-        self.sock.send_multipart(encode_request(Request(op, self.next_id, tuple(keys), tuple(pages))))
+        self.sock.send_multipart(
+            encode_request(Request(op, self.next_id, tuple(keys), tuple(pages)))
+        )
 
     def drain(self) -> None:
         while self.pending:
@@ -215,7 +217,9 @@ class RawClient:
             if verdict is not Verdict.OK:
                 poisoned = POISON in bytes(record)
                 field = "poisoned" if poisoned else "bad_header"
-                self.tally.note(field, f"key {self.keys.ids[key]}: {verdict.value}, {len(record)} B")
+                self.tally.note(
+                    field, f"key {self.keys.ids[key]}: {verdict.value}, {len(record)} B"
+                )
                 continue
             self.keys.check(key, record[HEADER_BYTES:], self.tally)
 
