@@ -118,6 +118,11 @@ class DaemonMetrics:
             "(counted with HICACHE_DAEMON_POISON=1 only)",
             registry=reg,
         )
+        self.sweep_failures = Counter(
+            f"{_PREFIX}_sweep_failures",
+            "sweeps of sent replies or shared-memory leases that raised (a bug; logged)",
+            registry=reg,
+        )
         self.read_failures = Counter(
             f"{_PREFIX}_reader_failures", "reads that raised (answered INTERNAL)", registry=reg
         )

@@ -10,12 +10,40 @@ out of room gets BUSY without the daemon reading a page for it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import zmq
+
+from storage_backends.remote.protocol import Frame
+
+logger = logging.getLogger(__name__)
+
+
+def send_reply(
+    sock: zmq.Socket[bytes], identity: zmq.Frame | bytes, frames: Sequence[Frame], track: bool
+) -> zmq.MessageTracker | None:
+    """Send one reply (``frames``: header, then pages) to ``identity`` on a ROUTER, large
+    frames without a copy. With ``track``: a tracker done once ZeroMQ released every page
+    frame, returned whether or not the send went through (a frame never handed over is
+    released when it is garbage); None without. A failed send is logged, never raised.
+
+    Each page gets a tracker of its own: ``send_multipart(track=True)`` returns the last
+    frame's only, which is done at once when that frame is small enough to be copied,
+    while ZeroMQ may still be sending the pages before it (from buffers a reuse would
+    overwrite)."""
+    pages = [zmq.Frame(page, track=True) for page in frames[1:]] if track else list(frames[1:])
+    tracker = zmq.MessageTracker(*pages) if track else None
+    try:
+        sock.send_multipart([identity, frames[0], *pages], copy=False)
+    except zmq.ZMQError as exc:
+        logger.debug("reply not sent: %s", exc)
+    except Exception:  # a bug must not end the caller's loop (the client then times out)
+        logger.exception("reply not sent")
+    return tracker
 
 
 class _Queued(NamedTuple):

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NamedTuple
@@ -33,7 +33,7 @@ from hicache.daemon.auth import DEFAULT_TENANT, CurveAuth
 from hicache.daemon.metrics import DaemonMetrics
 from hicache.daemon.peers import PeerGuard, raise_fd_limit
 from hicache.daemon.readers import ReadDone, Readers, ReadJob
-from hicache.daemon.replies import ReplyBudget
+from hicache.daemon.replies import ReplyBudget, send_reply
 from hicache.daemon.reply_pool import POISON_ENV, ReplyPool, poison_on
 from hicache.daemon.shm_plane import ShmPlane, remove_stale, slab_path
 from hicache.daemon.store import DaemonStore, Lookup, scoped_key
@@ -227,9 +227,7 @@ class DaemonServer:
             poller.register(self._peers.socket, zmq.POLLIN)
         while not self._stopping.is_set():
             events = dict(poller.poll(_POLL_MS))
-            self._replies.sweep()
-            if self._shm is not None:
-                self._shm.sweep()
+            self._sweep()
             if self._peers is not None and self._peers.socket in events:
                 self._metrics.peers.set(self._peers.handle().connected)
             if self._wake_in in events:
@@ -237,6 +235,19 @@ class DaemonServer:
             if self._router in events:
                 self._receive()
         return self.close()
+
+    def _sweep(self) -> None:
+        """Release what ZeroMQ has sent and reclaim silent leases. A sweep that raises (a
+        bug) is logged and counted, and the loop goes on: the next sweep tries again."""
+        sweeps: list[Callable[[], object]] = [self._replies.sweep]
+        if self._shm is not None:
+            sweeps.append(self._shm.sweep)
+        for sweep in sweeps:
+            try:
+                sweep()
+            except Exception:
+                logger.exception("a sweep failed; serving on")
+                self._metrics.sweep_failures.inc()
 
     def _receive(self) -> None:
         # Asking the socket whether a message waits is far cheaper than the zmq.Again a
@@ -540,32 +551,14 @@ class DaemonServer:
         nbytes = sum(len(frame) for frame in frames)
         self._metrics.sent.inc(nbytes)
         peer = identity if isinstance(identity, bytes) else identity.bytes
-        if not isinstance(reply, GetReply) or not reply.pages:
-            try:
-                self._router.send_multipart([identity, *frames], copy=False)
-            except zmq.ZMQError as exc:
-                logger.debug("reply not sent: %s", exc)
-            except Exception:  # a bug must not end the loop (the client then times out)
-                logger.exception("reply not sent")
-            if claimed:
-                self._replies.unclaim(peer, claimed)
-            self._pool.give_back_all(buffers)
+        track = isinstance(reply, GetReply) and bool(reply.pages)
+        tracker = send_reply(self._router, identity, frames, track)
+        if tracker is not None:
+            self._replies.add(peer, tracker, claimed, buffers)
             return
-        # Every page frame is tracked on its own: ``send_multipart``'s tracker is the last
-        # frame's only, done at once when that frame is small enough to be copied, while
-        # ZeroMQ may still be sending the pages before it from the pool's buffers.
-        header, pages = frames[0], [zmq.Frame(page, track=True) for page in frames[1:]]
-        tracker = zmq.MessageTracker(*pages)
-        try:
-            self._router.send_multipart([identity, header, *pages], copy=False)
-        except zmq.ZMQError as exc:
-            logger.debug("reply not sent: %s", exc)
-        except Exception:  # a bug must not end the loop (the client then times out)
-            logger.exception("reply not sent")
-        # Sent or not, a page is the pool's again only once ZeroMQ released its frame (a
-        # frame never sent is released when it is garbage).
-        del pages
-        self._replies.add(peer, tracker, claimed, buffers)
+        if claimed:
+            self._replies.unclaim(peer, claimed)
+        self._pool.give_back_all(buffers)
 
     def close(self) -> bool:
         """Finish and answer queued writes, then close everything (idempotent; call it

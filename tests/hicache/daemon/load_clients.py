@@ -1,8 +1,10 @@
 """One client process of the many-client load test (``test_server_many_clients``).
 
-Run as ``python -m tests.hicache.daemon.load_clients KIND INDEX ENDPOINT OPS SEED``
+Run as ``python -m tests.hicache.daemon.load_clients KIND INDEX ENDPOINT OPS SEED PAUSE_S``
 (KIND ``raw``: a DEALER socket speaking docs/protocol.md, pipelined; ``remote``:
-the ``remote`` storage backend). It runs a random mix of PUT (1-4 keys), GET
+the ``remote`` storage backend; ``remote-shm``: the same through the daemon's
+shared-memory slab, silent for ``PAUSE_S`` now and then so that its lease is
+reclaimed and attached again). It runs a random mix of PUT (1-4 keys), GET
 (1-8), EXISTS and DELETE (~5 %) over keys every client writes (``shared``) and
 keys of its own (``private``), with pages of 4-64 KiB, checks everything it gets
 back, and prints one JSON line of counts (``Tally``).
@@ -245,8 +247,11 @@ class RawClient:
 class RemoteClient:
     """The ``remote`` backend, one call at a time; its own checks count damage."""
 
-    def __init__(self, endpoint: str, keys: Keys, tally: Tally) -> None:
-        config = StorageConfig(backend="remote", endpoint=endpoint, timeout_s=TIMEOUT_S)
+    def __init__(
+        self, endpoint: str, keys: Keys, tally: Tally, shm: bool = False, pause_s: float = 0.0
+    ) -> None:
+        config = StorageConfig(backend="remote", endpoint=endpoint, timeout_s=TIMEOUT_S, shm=shm)
+        self.pause_s = pause_s
         backend = create("remote", config)
         assert isinstance(backend, RemoteBackend)
         self.backend = backend
@@ -256,6 +261,8 @@ class RemoteClient:
     def run(self, ops: int, rng: random.Random) -> None:
         for _ in range(ops):
             roll = rng.random()
+            if self.pause_s and rng.random() < 0.01:
+                time.sleep(self.pause_s)  # silent: the daemon reclaims the lease
             if roll < 0.05:
                 key = rng.choice(self.keys.private if rng.random() < 0.7 else self.keys.shared)
                 failed = self.backend.failed_calls()
@@ -285,11 +292,15 @@ class RemoteClient:
 
 
 def main(argv: Sequence[str]) -> int:
-    kind, index, endpoint, ops, seed = argv
+    kind, index, endpoint, ops, seed, pause_s = argv
     rng = random.Random(f"{seed}-{index}")
     tally = Tally()
     keys = Keys(int(index), rng)
-    client = (RawClient if kind == "raw" else RemoteClient)(endpoint, keys, tally)
+    client: RawClient | RemoteClient
+    if kind == "raw":
+        client = RawClient(endpoint, keys, tally)
+    else:
+        client = RemoteClient(endpoint, keys, tally, kind == "remote-shm", float(pause_s))
     start = time.monotonic()
     client.run(int(ops), rng)
     result = dataclasses.asdict(tally) | {"seconds": time.monotonic() - start}

@@ -22,19 +22,21 @@ import pytest
 
 from hicache.config.daemon import STORE_BACKENDS
 
-from .conftest import Daemon, daemon_toml
+from .conftest import Daemon
 
 ROOT = Path(__file__).resolve().parents[3]
 RAW_CLIENTS = 4
-REMOTE_CLIENTS = 4
+REMOTE_CLIENTS = 3
+HEARTBEAT_S = 0.2  # with shared memory: a lease silent for 0.6 s is reclaimed
+PAUSE_S = 4 * HEARTBEAT_S
 OPS = {"raw": 500, "remote": 250}
 CLIENT_TIMEOUT_S = 120.0
 # Must stay 0 in every client's tally (load_clients.Tally).
 DAMAGE = ("bad_header", "poisoned", "wrong_bytes", "stale", "protocol", "corrupt_remote")
 
 
-def _start_clients(endpoint: str, seed: str) -> list[subprocess.Popen[str]]:
-    kinds = ["raw"] * RAW_CLIENTS + ["remote"] * REMOTE_CLIENTS
+def _start_clients(endpoint: str, seed: str, shm: bool) -> list[subprocess.Popen[str]]:
+    kinds = ["raw"] * RAW_CLIENTS + ["remote-shm" if shm else "remote"] * REMOTE_CLIENTS
     return [
         subprocess.Popen(
             [
@@ -44,8 +46,9 @@ def _start_clients(endpoint: str, seed: str) -> list[subprocess.Popen[str]]:
                 kind,
                 str(index),
                 endpoint,
-                str(OPS[kind]),
+                str(OPS[kind.removesuffix("-shm")]),
                 seed,
+                str(PAUSE_S),
             ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
@@ -71,27 +74,49 @@ def _results(procs: list[subprocess.Popen[str]]) -> list[dict[str, object]]:
     return results
 
 
-@pytest.mark.parametrize("backend", STORE_BACKENDS)
+def _config(tmp_path: Path, setup: str) -> str:
+    shm = setup == "shm"
+    endpoint = f"ipc://{tmp_path}/daemon.sock" if shm else "tcp://127.0.0.1:0"
+    backend = f'backend = "{setup}"' if setup in STORE_BACKENDS else ""
+    return f"""
+[server]
+endpoint = "{endpoint}"
+ready_file = "ready.json"
+shm_bytes = {1 << 20 if shm else 0}
+heartbeat_s = {HEARTBEAT_S if shm else 10.0}
+[store]
+{backend}
+path = "{tmp_path / "store"}"
+max_bytes = {8 << 20}
+memory_bytes = {1 << 20}
+"""
+
+
+@pytest.mark.parametrize("setup", [*STORE_BACKENDS, "shm"])
 def test_many_clients_get_only_what_was_put(
-    start_daemon, connect, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+    start_daemon, connect, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup: str
 ) -> None:
     monkeypatch.setenv("HICACHE_DAEMON_POISON", "1")
-    config = daemon_toml(tmp_path / "store", memory_bytes=1 << 20, backend=backend)
-    config = config.replace(f"max_bytes = {64 << 20}", f"max_bytes = {8 << 20}")
-    daemon: Daemon = start_daemon(config)
+    daemon: Daemon = start_daemon(_config(tmp_path, setup))
     probe = connect(daemon.endpoint)
     daemon.wait_ping(probe)
-    results = _results(_start_clients(daemon.endpoint, os.environ.get("LOAD_SEED", "0")))
+    seed = os.environ.get("LOAD_SEED", "0")
+    results = _results(_start_clients(daemon.endpoint, seed, setup == "shm"))
     assert daemon.alive(), daemon.log()
     stats = daemon.stat_map(probe)
     totals = {name: sum(int(r[name]) for r in results) for name in ("gets", "records", *DAMAGE)}
     details = [d for r in results for d in r["details"]]  # type: ignore[attr-defined]
-    print(f"{backend}: {totals}, {max(float(r['seconds']) for r in results):.1f} s")
+    print(f"{setup}: {totals}, {max(float(r['seconds']) for r in results):.1f} s")
     assert all(totals[name] == 0 for name in DAMAGE), (totals, details)
     assert stats['hicache_daemon_errors_total{code="INTERNAL"}'] == 0
     assert stats["hicache_daemon_corrupt_pages_total"] == 0
+    assert stats["hicache_daemon_reply_buffers_tampered"] == 0
+    assert stats["hicache_daemon_sweep_failures_total"] == 0
     # The tiers were too small to hold what was written: both evicted, reads hit the store.
     assert stats['hicache_daemon_evictions_total{tier="memory"}'] > 0
     assert stats['hicache_daemon_evictions_total{tier="store"}'] > 0
     assert stats['hicache_daemon_lookups_total{result="hit",tier="store"}'] > 0
     assert totals["records"] > 1000
+    if setup == "shm":  # GET replies went through the slab; leases were reclaimed and renewed
+        assert stats['hicache_daemon_tenant_requests_total{op="SHM_FREE",tenant="default"}'] > 0
+        assert stats['hicache_daemon_requests_total{op="SHM_ATTACH"}'] > REMOTE_CLIENTS
