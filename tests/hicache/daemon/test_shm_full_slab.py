@@ -85,6 +85,9 @@ def test_a_reply_the_full_slab_holds_only_part_of_lends_nothing(
     leases = [_attach(holder) for holder in holders]
     for holder, lease in zip(holders, leases, strict=True):  # 48 slots each, never freed
         assert len(_get(holder, lease, big).spans) == 2
+    for holder, lease in zip(holders, leases, strict=True):  # renewed: none expires meanwhile
+        renewed = _call(holder, Request(Op.SHM_ATTACH, 5, lease=lease))
+        assert isinstance(renewed, ShmAttachReply) and renewed.lease == lease
     assert _stat(writer, LENT) == 240 * GRAIN  # 16 slots left
     late = connect(daemon.endpoint)
     reply = _get(late, _attach(late), [small, big[0]])  # 8 slots fit the gap, 24 do not
