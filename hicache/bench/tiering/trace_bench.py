@@ -84,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trace",
         metavar="PATH|NAME",
         help=f"replay a trace in Mooncake's JSONL format (gzip or plain) instead of a "
-        f"generated workload; shipped: {', '.join(SHIPPED_TRACES)}",
+        f"generated workload; shipped: {', '.join(SHIPPED_TRACES)} (default: none, the "
+        f"generated workload)",
     )
     group.add_argument(
         "--model",
@@ -132,7 +133,8 @@ def _rate_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--disk-gbps",
         metavar="READ[,WRITE]",
-        help="the store's GB/s instead of measuring the config's store and a daemon here",
+        help="the store's GB/s instead of measuring the config's store and a daemon here "
+        "(default: measured)",
     )
     group.add_argument(
         "--jobs",
