@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", type=Path, default=None, help="report file (default: OUT/tiering.json)"
     )
     parser.add_argument("--plot", type=Path, default=None, help="plot (default: OUT/tiering.png)")
-    from hicache.bench.tiering import trace_bench
+    from hicache.bench.tiering.trace import bench as trace_bench
 
     trace_bench.add_arguments(parser)
 
@@ -257,7 +257,7 @@ def print_table(reports: list[TierReport]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.trace is not None:
-        from hicache.bench.tiering import trace_bench
+        from hicache.bench.tiering.trace import bench as trace_bench
 
         return trace_bench.run(args)
     config: CacheConfig = args.config

@@ -1,15 +1,15 @@
 """``hicache bench tiering --trace``: replay a production trace, size the tiers, judge the disk.
 
-A trace in Mooncake's format (``trace_file``; ``--trace mooncake-conversation``
+A trace in Mooncake's format (``trace.file``; ``--trace mooncake-conversation``
 is the copy shipped in the package) is replayed through ``HiRadixCache`` once
-per set-up (``trace_setups``: device only, + host, + storage per size given),
-and compared with the trace's unbounded-capacity bound (``trace_bound``).
+per set-up (``trace.setups``: device only, + host, + storage per size given),
+and compared with the trace's unbounded-capacity bound (``trace.bound``).
 Each prompt is synthesized from its hash ids, one run of distinct token ids
 per block. The pools hold a tiny geometry and the report scales the traffic
-to ``--model`` (``trace_models``); at the default page size of 512 tokens (one
+to ``--model`` (``trace.models``); at the default page size of 512 tokens (one
 Mooncake block) a whole conversation trace replays in a few minutes on 2
-cores. The store's rates come from a short probe (``trace_probe``) or
-``--disk-gbps``; the report (``trace_report``) says whether it keeps up.
+cores. The store's rates come from a short probe (``trace.probe``) or
+``--disk-gbps``; the report (``trace.report``) says whether it keeps up.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ import numpy as np
 
 from hicache.bench.common.provenance import provenance
 from hicache.bench.tiering.stores import storage_setup
-from hicache.bench.tiering.trace_bound import unbounded_hits
-from hicache.bench.tiering.trace_file import (
+from hicache.bench.tiering.trace.bound import unbounded_hits
+from hicache.bench.tiering.trace.file import (
     MOONCAKE_BLOCK_TOKENS,
     SHIPPED_TRACES,
     Trace,
     read_trace,
     resolve_trace,
 )
-from hicache.bench.tiering.trace_models import (
+from hicache.bench.tiering.trace.models import (
     DEFAULT_MODEL,
     MODEL_PRESETS,
     REPLAY_MODEL,
@@ -46,10 +46,10 @@ from hicache.bench.tiering.trace_models import (
     parse_model,
     replay_bytes_per_token,
 )
-from hicache.bench.tiering.trace_probe import StoreRate, given_rates, probe
-from hicache.bench.tiering.trace_rates import WINDOW_S, window_index
-from hicache.bench.tiering.trace_replay import ReplayResult, replay_job
-from hicache.bench.tiering.trace_report import (
+from hicache.bench.tiering.trace.probe import StoreRate, given_rates, probe
+from hicache.bench.tiering.trace.rates import WINDOW_S, window_index
+from hicache.bench.tiering.trace.replay import ReplayResult, replay_job
+from hicache.bench.tiering.trace.report import (
     Context,
     SetupFigures,
     Verdict,
@@ -60,7 +60,7 @@ from hicache.bench.tiering.trace_report import (
     setup_figures,
     verdicts,
 )
-from hicache.bench.tiering.trace_setups import (
+from hicache.bench.tiering.trace.setups import (
     REPLACED_KEYS,
     TierSizes,
     build_setup,
@@ -333,7 +333,7 @@ def _write(args: argparse.Namespace, plan: Plan, report: Report, ctx: Context) -
     json_path = args.json or args.out / f"{stem}.json"
     plot_path = args.plot or args.out / f"{stem}.png"
     json_path.write_text(json.dumps(payload(args, plan, report), indent=2) + "\n")
-    from hicache.bench.tiering.trace_plot import plot, storage_series
+    from hicache.bench.tiering.trace.plot import plot, storage_series
 
     title = f"{Path(args.trace).name}, {plan.model.name}"
     series = storage_series(report.results, ctx)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hicache.bench.tiering.trace_file import Trace
+from hicache.bench.tiering.trace.file import Trace
 
 
 def unbounded_hits(trace: Trace, page_size: int) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 
 MOONCAKE_BLOCK_TOKENS = 512
 GZIP_MAGIC = b"\x1f\x8b"
-# Traces that ship inside the package (hicache/bench/traces/, with their
+# Traces that ship inside the package (hicache/bench/tiering/trace/traces/, with their
 # source and licence in the README there), by the name ``--trace`` takes.
 SHIPPED_TRACES = {"mooncake-conversation": "mooncake_conversation.jsonl.gz"}
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")

@@ -17,14 +17,14 @@ import numpy as np
 
 from hicache.bench.tiering.plot import SETUP_STYLES, TIER_COLOURS
 from hicache.bench.tiering.serving import LINKS, TIERS
-from hicache.bench.tiering.trace_rates import gbps_series
+from hicache.bench.tiering.trace.rates import gbps_series
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from hicache.bench.tiering.trace_probe import StoreRate
-    from hicache.bench.tiering.trace_replay import ReplayResult
-    from hicache.bench.tiering.trace_report import Context, SetupFigures
+    from hicache.bench.tiering.trace.probe import StoreRate
+    from hicache.bench.tiering.trace.replay import ReplayResult
+    from hicache.bench.tiering.trace.report import Context, SetupFigures
 
 LINK_LABELS = {
     "d2h": "device→host",

@@ -27,7 +27,7 @@ from typing import NamedTuple
 from hicache.bench.common.page_cache import drop_page_cache
 from hicache.bench.common.processes import ServerError, start_daemon
 from hicache.bench.tiering.stores import storage_setup
-from hicache.bench.tiering.trace_models import ModelGeometry
+from hicache.bench.tiering.trace.models import ModelGeometry
 from hicache.config.cache import CacheConfig
 from storage_backends import StorageBackend, StorageConfig, create
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hicache.bench.tiering.trace_file import Trace
+from hicache.bench.tiering.trace.file import Trace
 
 WINDOW_S = 10.0
 PERCENTILE = 99.0

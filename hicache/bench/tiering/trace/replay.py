@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from hicache.bench.tiering.serving import LINKS, TIERS, serve_tokens
-from hicache.bench.tiering.trace_file import Trace, prompt_tokens
-from hicache.bench.tiering.trace_models import replay_bytes_per_token
-from hicache.bench.tiering.trace_setups import TierSizes, TraceSetup
+from hicache.bench.tiering.trace.file import Trace, prompt_tokens
+from hicache.bench.tiering.trace.models import replay_bytes_per_token
+from hicache.bench.tiering.trace.setups import TierSizes, TraceSetup
 from hicache.cache import HiRadixCache
 
 

@@ -2,9 +2,9 @@
 
 Hit rates are shares of every prompt token of the trace (what prefill would
 compute without a cache); the bound is the trace's unbounded-capacity bound
-at the same page size (``trace_bound``). Bytes and bandwidth are for the
-chosen model (``trace_models``); bandwidth is the 10-second-window demand of
-``trace_rates``. Everything here but the store's measured rates is the same on
+at the same page size (``trace.bound``). Bytes and bandwidth are for the
+chosen model (``trace.models``); bandwidth is the 10-second-window demand of
+``trace.rates``. Everything here but the store's measured rates is the same on
 every run of the same trace, flags and config.
 """
 
@@ -16,10 +16,10 @@ from typing import NamedTuple
 import numpy as np
 
 from hicache.bench.tiering.serving import LINKS, TIERS
-from hicache.bench.tiering.trace_models import ModelGeometry
-from hicache.bench.tiering.trace_probe import StoreRate
-from hicache.bench.tiering.trace_rates import Rate, link_rate, rate
-from hicache.bench.tiering.trace_replay import ReplayResult
+from hicache.bench.tiering.trace.models import ModelGeometry
+from hicache.bench.tiering.trace.probe import StoreRate
+from hicache.bench.tiering.trace.rates import Rate, link_rate, rate
+from hicache.bench.tiering.trace.replay import ReplayResult
 
 # The storage links and the direction of disk I/O each one is.
 STORAGE_IO = {"h2s": "write", "s2h": "read"}

@@ -4,7 +4,7 @@ For each device size: device only; for each host size, device + host; for
 each storage size, device + host + storage. Every set-up keeps the config's
 policies, transfer settings and storage backend (the store the config names,
 in a fresh directory per set-up), and replaces what the flags size: the page
-size, the pools' geometry (``trace_models.REPLAY_MODEL``) and each tier's
+size, the pools' geometry (``trace.models.REPLAY_MODEL``) and each tier's
 capacity. Sizes are rounded down to whole pages, and the storage tier holds
 exactly that many pages: its ``max_bytes`` is pages × (record header + page).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hicache.bench.tiering.stores import NETWORK_BACKENDS, storage_setup
-from hicache.bench.tiering.trace_models import REPLAY_MODEL, replay_bytes_per_token
+from hicache.bench.tiering.trace.models import REPLAY_MODEL, replay_bytes_per_token
 from hicache.config.cache import CacheConfig, HostConfig
 from storage_backends import StorageConfig
 from storage_backends.page_format import HEADER_BYTES

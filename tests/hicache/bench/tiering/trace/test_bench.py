@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from hicache.bench.tiering.trace_models import parse_model
-from hicache.bench.tiering.trace_probe import probe
+from hicache.bench.tiering.trace.models import parse_model
+from hicache.bench.tiering.trace.probe import probe
 from hicache.cli import main
 from hicache.config.cache import CacheConfig, DeviceConfig
 from storage_backends import StorageConfig

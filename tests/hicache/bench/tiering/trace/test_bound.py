@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from hicache.bench.tiering.serving import serve_tokens
-from hicache.bench.tiering.trace_bound import unbounded_hits
-from hicache.bench.tiering.trace_file import prompt_tokens, read_trace
+from hicache.bench.tiering.trace.bound import unbounded_hits
+from hicache.bench.tiering.trace.file import prompt_tokens, read_trace
 from hicache.cache import HiRadixCache
 from hicache.config.cache import CacheConfig, DeviceConfig, HostConfig
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hicache.bench.tiering.trace_file import (
+from hicache.bench.tiering.trace.file import (
     SHIPPED_TRACES,
     TraceFormatError,
     prompt_tokens,

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from hicache.bench.tiering import stores
-from hicache.bench.tiering.trace_models import MODEL_PRESETS, parse_model, replay_bytes_per_token
-from hicache.bench.tiering.trace_rates import link_rate, per_window
-from hicache.bench.tiering.trace_setups import (
+from hicache.bench.tiering.trace.models import MODEL_PRESETS, parse_model, replay_bytes_per_token
+from hicache.bench.tiering.trace.rates import link_rate, per_window
+from hicache.bench.tiering.trace.setups import (
     TierSizes,
     build_setup,
     check_sizes,
