@@ -78,6 +78,6 @@ def test_config_table_shows_the_shipped_defaults() -> None:
 
     rows = {d.key: d for d in config_doc.field_docs()}
     # default.toml sets these differently from the dataclasses; both columns say so.
-    assert rows["storage.backend"].shipped == "lmdb" and rows["storage.backend"].unset == "none"
+    assert rows["storage.backend"].shipped == "disk" and rows["storage.backend"].unset == "none"
     table = config_doc.markdown_table()
-    assert '| `storage.backend` | `"lmdb"` | `"none"` |' in table
+    assert '| `storage.backend` | `"disk"` | `"none"` |' in table

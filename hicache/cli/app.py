@@ -52,13 +52,12 @@ PACKAGES = ("hicache", "storage_backends", "transfer", "device_pool", "host_pool
 def overview() -> str:
     """The top-level description: every command, down to each benchmark, with its help."""
     from hicache.bench import summaries
-    from hicache.cli.store import run_inspect, run_verify
+    from hicache.cli.store import actions
     from hicache.daemon import cli as daemon_cli
 
     leaves = [(f"bench {name}", first_line(doc)) for name, doc in summaries().items()]
+    leaves += [(f"store {name} PATH", first_line(run.__doc__)) for name, run in actions().items()]
     leaves += [
-        ("store inspect PATH", first_line(run_inspect.__doc__)),
-        ("store verify PATH", first_line(run_verify.__doc__)),
         ("serve", first_line(daemon_cli.SERVE_DOC)),
         ("keygen DIRECTORY", first_line(daemon_cli.KEYGEN_DOC)),
         ("stats", first_line(daemon_cli.STATS_DOC)),

@@ -1,4 +1,4 @@
-"""Look inside a store directory (disk, lmdb or file backend): inspect, verify.
+"""Look inside a store directory (disk, lmdb or file backend): inspect, verify, migrate.
 
 hicache store inspect PATH   pages, bytes, page sizes, fingerprint, and
                              which model (of --config) the fingerprint is
@@ -26,9 +26,14 @@ if TYPE_CHECKING:
     from storage_backends.tools.inspect import StoreSummary
 
 
+def actions() -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Each ``hicache store`` action and its runner (``hicache --help`` lists them all)."""
+    return {"inspect": run_inspect, "verify": run_verify, "migrate": run_migrate}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = add_lazy_commands(parser, "store_command", "ACTION")
-    for name, run in (("inspect", run_inspect), ("verify", run_verify), ("migrate", run_migrate)):
+    for name, run in actions().items():
         sub.add_lazy(name, run.__doc__ or "", _builder(name, run))
 
 

@@ -2,7 +2,7 @@
 
 ``python -m hicache.engine [--config default|PATH] [--set section.key=value ...]``
 
-The store (lmdb, file) goes to ``storage.path``, or when that is empty to
+The store (disk, lmdb, file) goes to ``storage.path``, or when that is empty to
 ``$XDG_CACHE_HOME/hicache/store/<fingerprint>`` (else ``~/.cache/hicache/...``);
 a second run says when it reuses what an earlier one stored.
 
@@ -28,6 +28,7 @@ from hicache.engine.model import ModelSpec, TinyLlama
 from hicache.engine.request import Request, RequestOutput
 from hicache.engine.scheduler import Engine, EngineOptions
 from storage_backends import StorageError
+from storage_backends.store_kind import LOCAL_KINDS, detect
 
 EVICTIONS = ("none", "host", "storage", "cycle")
 PUSHED = {
@@ -76,11 +77,12 @@ def describe_tiers(cache: HiRadixCache) -> list[str]:
     storage = cache.config.storage
     if cache.storage is None:
         lines.append("  storage off")
-    elif storage.backend in ("lmdb", "file"):
+    elif storage.backend in LOCAL_KINDS:
         where = dataclasses.replace(storage, fingerprint=cache.fingerprint.hex()).store_dir()
+        kind = detect(where) or storage.backend  # a store of another kind is opened as it is
         pages = cache.storage.backend.stats().entries
         reused = f"reusing the store at {where}: {pages:,} pages from an earlier run"
-        lines.append(f"  storage {storage.backend}, {reused if pages else f'new store at {where}'}")
+        lines.append(f"  storage {kind}, {reused if pages else f'new store at {where}'}")
     else:
         lines.append(f"  storage {storage.backend} {storage.endpoint}".rstrip())
     return lines

@@ -116,7 +116,7 @@ def resolve_storage_config(
     if not config.storage.enabled:
         raise ValueError(
             f"{source}: hicache_config {hicache_config!r} has storage.backend = 'none'; "
-            "name a config with a storage backend (remote, lmdb, file, redis, ...)"
+            "name a config with a storage backend (remote, disk, lmdb, file, redis, ...)"
         )
     return config.storage
 

@@ -64,7 +64,8 @@ class DiskBackend:
             check_direct_io(root)  # before anything is opened that would need closing
         self._root, self._owners, self._index = self._open(root)
         file_bytes = min(self._index.segment_bytes, config.max_bytes)
-        self._segments = SegmentFiles(self._root, file_bytes, config.direct_io)
+        lead = self._index.record_lead
+        self._segments = SegmentFiles(self._root, file_bytes, config.direct_io, lead)
         self._pool = IoPool(config.io_threads)
         self._write_lock = threading.Lock()
         self._touches = PendingTouches()

@@ -3,7 +3,7 @@
 Sub-databases (small values only): ``pages`` (key -> ``Location``), ``lru``
 (8-byte big-endian stamp -> key, so a cursor's first entry is the least recently
 used), ``meta`` (format version, fingerprint, bytes used: header + payload of every
-page, as the other backends count; segment tails, the allocated total),
+page, as the other backends count; segment tails, the allocated total, the record lead),
 ``free``/``free_class`` (the allocator's free extents: start -> length, and by
 length; the second name is from when free slots were listed per size class) and
 ``pending`` (owner (pid, batch) -> slots reserved by a put of an earlier version
@@ -29,6 +29,7 @@ from storage_backends.disk.allocator import Allocator, Extent, FreeDbs, from_u64
 from storage_backends.disk.layout import (
     LOCATION_STRUCT,
     PACK,
+    RECORD_LEAD,
     Location,
     Slot,
     SlotClass,
@@ -44,6 +45,7 @@ META_VERSION = b"format_version"
 META_FINGERPRINT = b"fingerprint"
 META_BYTES_USED = b"bytes_used"
 META_SEGMENT_BYTES = b"segment_bytes"
+META_RECORD_LEAD = b"record_lead"  # bytes before a segment file's first slot (absent: 0)
 DB_NAMES = (b"pages", b"lru", b"meta", b"free", b"free_class", b"pending")
 _MIN_MAP = 64 << 20
 _MAX_MAP = 1 << 46  # 64 TiB of address space (x86-64 user space is 128 TiB)
@@ -322,6 +324,18 @@ class IndexWriter:
         self.alloc.finish()
 
 
+def record_lead(stored: bytes | None, new_store: bool, direct_io: bool) -> int:
+    """How far a segment file's slots lie from its start (``layout.RECORD_LEAD``): as the
+    store recorded it; in a new store ``RECORD_LEAD`` (0 with direct I/O); 0 in a store
+    written before leads existed. StoreDamagedError for a value no version writes."""
+    if stored is None:
+        return RECORD_LEAD if new_store and not direct_io else 0
+    lead = from_u64(stored) if len(stored) == 8 else -1
+    if lead not in (0, RECORD_LEAD):
+        raise StoreDamagedError(f"the index's record lead is damaged: {bytes(stored)!r}")
+    return lead
+
+
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -353,7 +367,7 @@ class DiskIndex:
         try:
             self._env.reader_check()  # reader slots of processes killed while reading
             self.dbs = IndexDbs(*(self._env.open_db(name) for name in DB_NAMES))
-            self.segment_bytes = self._init_meta()
+            self.segment_bytes, self.record_lead = self._init_meta()
         except lmdb.Error as exc:
             self._env.close()
             raise_if_damage(exc, f"{_WHAT} {path}")
@@ -362,7 +376,8 @@ class DiskIndex:
             self._env.close()
             raise
 
-    def _init_meta(self) -> int:
+    def _init_meta(self) -> tuple[int, int]:
+        """(segment bytes, record lead) of the store, as recorded at its first open."""
         with self._env.begin(write=True, db=self.dbs.meta) as txn:
             version = txn.get(META_VERSION)
             if version is not None and len(version) != 8:
@@ -379,8 +394,10 @@ class DiskIndex:
             txn.put(META_SEGMENT_BYTES, u64(segment_bytes))
             if txn.get(META_BYTES_USED) is None:
                 txn.put(META_BYTES_USED, u64(0))
+            lead = record_lead(txn.get(META_RECORD_LEAD), version is None, self._config.direct_io)
+            txn.put(META_RECORD_LEAD, u64(lead))
             self._upgrade_free(txn, segment_bytes)
-        return segment_bytes
+        return segment_bytes, lead
 
     def _upgrade_free(self, txn: lmdb.Transaction, segment_bytes: int) -> None:
         """Free slots of a store of the first format become extents (once), inside the

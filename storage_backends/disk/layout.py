@@ -20,6 +20,16 @@ from storage_backends.page_format import HEADER_BYTES
 BLOCK = 4096
 PACK = 64
 _ROUND_4K_WASTE = 0.02
+# How far the slots of a segment lie from the start of its file, in stores created by
+# this version (the index's ``meta`` says; older stores: 0): 8 bytes, so that the
+# payload after a record's 56-byte header starts on a 64-byte boundary of the file, as
+# the caller's buffers do (host pools, tensors, pages of memory). The kernel's copy
+# between a buffer and the page cache runs at a speed that depends on how the two line
+# up: measured here (CPU, warm page cache), a payload at 56 mod 64 read 1.3-1.5x and
+# wrote up to 1.4x slower than one at 0 mod 64, 64 KiB to 8 MiB pages. Slot offsets
+# (index, allocator) do not change; ``segments`` adds the lead to every file offset.
+# Direct-I/O stores, whose bytes go through aligned bounce buffers anyway, keep 0.
+RECORD_LEAD = -HEADER_BYTES % PACK
 
 INDEX_DIR = "index"
 SEGMENT_PREFIX = "segment-"

@@ -11,7 +11,12 @@ from typing import NamedTuple
 import lmdb
 
 from storage_backends.disk.allocator import from_u64
-from storage_backends.disk.index import DB_NAMES, META_FINGERPRINT, META_VERSION
+from storage_backends.disk.index import (
+    DB_NAMES,
+    META_FINGERPRINT,
+    META_RECORD_LEAD,
+    META_VERSION,
+)
 from storage_backends.disk.layout import INDEX_DIR, Location, segment_name
 from storage_backends.errors import StorageOpenError
 
@@ -41,16 +46,23 @@ def meta(path: Path) -> tuple[int, str]:
     return version, fingerprint
 
 
+def _lead(env: lmdb.Environment) -> int:
+    """How far the segment files' slots lie from their start (``layout.RECORD_LEAD``)."""
+    with env.begin(db=env.open_db(b"meta", create=False)) as txn:
+        return from_u64(txn.get(META_RECORD_LEAD))
+
+
 def pages(path: Path) -> Iterator[tuple[bytes, bytes]]:
     """Every indexed (key, record as stored); a record that cannot be read comes back
     short or empty, so that the page check calls it damaged."""
     env = _open(path)
     fds: dict[int, int] = {}
     try:
+        lead = _lead(env)
         with env.begin(db=env.open_db(b"pages", create=False)) as txn:
             for key, raw in txn.cursor():
                 loc = Location.unpack(raw)
-                blob = b"" if loc is None else _read(path, fds, loc)
+                blob = b"" if loc is None else _read(path, fds, loc, lead)
                 yield bytes(key), blob
     finally:
         env.close()
@@ -70,6 +82,7 @@ def locate(path: Path, key: bytes) -> RecordPlace | None:
     """Where the store at ``path`` keeps ``key``'s record; None if it is not indexed."""
     env = _open(path)
     try:
+        lead = _lead(env)
         with env.begin(db=env.open_db(b"pages", create=False)) as txn:
             raw = txn.get(key)
             loc = None if raw is None else Location.unpack(raw)
@@ -77,14 +90,14 @@ def locate(path: Path, key: bytes) -> RecordPlace | None:
         env.close()
     if loc is None:
         return None
-    return RecordPlace(path / segment_name(loc.segment), loc.offset, loc.record_len)
+    return RecordPlace(path / segment_name(loc.segment), loc.offset + lead, loc.record_len)
 
 
-def _read(path: Path, fds: dict[int, int], loc: Location) -> bytes:
+def _read(path: Path, fds: dict[int, int], loc: Location, lead: int) -> bytes:
     segment = loc.segment
     try:
         if segment not in fds:
             fds[segment] = os.open(path / segment_name(segment), os.O_RDONLY)
-        return os.pread(fds[segment], loc.record_len, loc.offset)
+        return os.pread(fds[segment], loc.record_len, loc.offset + lead)
     except OSError:
         return b""

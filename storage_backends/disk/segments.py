@@ -1,10 +1,12 @@
 """Segment files: page records at known offsets, written with pwritev and read with preadv.
 
 One file descriptor per segment, opened on first use and kept; pread/pwrite take
-explicit offsets, so every thread (and process) shares them without seeking. With
-O_DIRECT, records go through page-aligned bounce buffers (the kernel wants the
-buffer, the offset and the length aligned); otherwise straight from and into the
-caller's buffers.
+explicit offsets, so every thread (and process) shares them without seeking. Slots
+lie ``lead`` bytes from the start of the file (``layout.RECORD_LEAD``): callers give
+slot offsets, the lead is added here. With O_DIRECT, records go through page-aligned
+bounce buffers (the kernel wants the buffer, the offset and the length aligned); a
+write that starts inside a block writes that block's earlier bytes back as they were
+read; otherwise straight from and into the caller's buffers.
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ class SegmentFiles:
     reading, ENOSPC for a full disk); callers turn it into a failed put or a miss.
     """
 
-    def __init__(self, root: Path, max_file_bytes: int, direct_io: bool) -> None:
+    def __init__(self, root: Path, max_file_bytes: int, direct_io: bool, lead: int = 0) -> None:
         self._root = root
-        self._max_file_bytes = round_up(max_file_bytes, BLOCK)
+        self._max_file_bytes = round_up(max_file_bytes + lead, BLOCK)
         self._direct = direct_io
+        self.lead = lead
         self._fds: dict[int, int] = {}
         self._sizes: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -61,7 +64,9 @@ class SegmentFiles:
             return fd
 
     def reserve(self, segment: int, end: int) -> None:
-        """Make sure blocks exist up to ``end`` (grows in steps). OSError (ENOSPC) if not."""
+        """Make sure blocks exist up to slot offset ``end`` (grows in steps). OSError
+        (ENOSPC) if not."""
+        end += self.lead
         with self._lock:
             known = self._sizes.get(segment, 0)
         if end <= known:
@@ -81,22 +86,23 @@ class SegmentFiles:
             self._sizes[segment] = max(size, self._sizes.get(segment, 0))
 
     def write(self, segment: int, offset: int, bufs: Sequence[bytes | memoryview]) -> None:
-        """Write ``bufs`` back to back at ``offset``; OSError unless all of them were written."""
+        """Write ``bufs`` back to back from the record at slot offset ``offset``; OSError
+        unless all of them were written."""
         fd = self._fd(segment, create=True)
         if self._direct:
-            _write_direct(fd, offset, bufs)
+            _write_direct(fd, offset + self.lead, bufs)
             return
-        written = os.pwritev(fd, bufs, offset)
+        written = os.pwritev(fd, bufs, offset + self.lead)
         if written != sum(map(len, bufs)):
             raise OSError(errno.EIO, f"short write: {written} bytes")
 
     def read(self, segment: int, offset: int, bufs: Sequence[bytearray | memoryview]) -> int:
-        """Fill ``bufs`` in order from ``offset``; return the bytes read (short at the end
-        of the file)."""
+        """Fill ``bufs`` in order from the record at slot offset ``offset``; return the
+        bytes read (short at the end of the file)."""
         fd = self._fd(segment, create=False)
         if self._direct:
-            return _read_direct(fd, offset, bufs)
-        return os.preadv(fd, bufs, offset)
+            return _read_direct(fd, offset + self.lead, bufs)
+        return os.preadv(fd, bufs, offset + self.lead)
 
     def sync(self) -> None:
         """fdatasync every segment written through this object."""
@@ -134,14 +140,19 @@ def _aligned(size: int) -> mmap.mmap:
 
 
 def _write_direct(fd: int, offset: int, bufs: Sequence[bytes | memoryview]) -> None:
+    skip = offset % BLOCK  # slots ``lead`` bytes into the file: keep the block's first bytes
     total = sum(len(buf) for buf in bufs)
-    length = round_up(total, BLOCK)
+    length = round_up(skip + total, BLOCK)
     with _aligned(length) as bounce:
-        at = 0
+        if skip:
+            with _aligned(BLOCK) as head:
+                os.preadv(fd, [head], offset - skip)
+                bounce[:skip] = head[:skip]
+        at = skip
         for buf in bufs:
             bounce[at : at + len(buf)] = buf
             at += len(buf)
-        written = os.pwritev(fd, [bounce], offset)
+        written = os.pwritev(fd, [bounce], offset - skip)
     if written != length:
         raise OSError(errno.EIO, f"short write: {written} bytes")
 

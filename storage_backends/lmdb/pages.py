@@ -10,6 +10,13 @@ tree, and the free list. Damage is a page outside the file, a page whose header
 names another page number or the wrong kind, a page reached twice, node offsets
 outside their page, and a free page that is also in use (or listed twice).
 
+What it reads is bounded by the trees, not by the data: an overflow run (a value of
+more than a page) is placed and marked used from its leaf node alone (its first page
+number and LMDB's page count for the value's size), so the walk never reads a
+value's pages; their headers are checked for a sample afterwards (``sample_overflow``),
+as many as a deadline allows. A walk given a deadline stops at it (``finished``
+False): no damage was found, none ruled out.
+
 Layout (``mdb.c``): a page header is ``pgno u64, pad u16, flags u16,
 lower u16, upper u16`` (an overflow page keeps its page count in place of
 lower/upper), then ``u16`` node offsets; a node is ``lo u16, hi u16, flags u16,
@@ -19,7 +26,9 @@ ksize u16``, the key, then the data. Pure functions of the bytes given.
 from __future__ import annotations
 
 import mmap
+import random
 import struct
+import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -29,6 +38,7 @@ _MAGIC = 0xBEEFC0DE
 _HDR = 16
 _P_BRANCH, _P_LEAF, _P_OVERFLOW = 0x01, 0x02, 0x04
 _F_BIGDATA, _F_SUBDATA = 0x01, 0x02
+_F_DUPSORT = 0x04  # an MDB_db's flags
 _P_INVALID = (1 << 64) - 1
 _NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size
 _DB = struct.Struct("<IHHQQQQQ")  # MDB_db: pad (page size in a meta), flags, depth, ..., root
@@ -45,14 +55,49 @@ class FreeEntry(NamedTuple):
 
 
 class PageWalk(NamedTuple):
-    """``damage`` is None for a sound file; ``main_root`` is the main tree's root page."""
+    """``damage`` is None for a sound file; ``main_root`` is the main tree's root page.
+    ``finished`` is False when the deadline came before the trees and the free list were
+    walked. ``overflow_runs`` values of more than a page were placed; the first page of
+    ``overflow_checked`` of them was read and checked (a sample, within the deadline)."""
 
     damage: str | None
     main_root: int
     free: tuple[FreeEntry, ...]
+    finished: bool = True
+    overflow_runs: int = 0
+    overflow_checked: int = 0
+    runs: tuple[np.ndarray, np.ndarray] | None = None  # overflow runs: first pages, counts
 
 
 class _Damage(Exception):
+    pass
+
+
+class TreeCounts:
+    """What a walked tree holds, as an ``MDB_db`` record counts it."""
+
+    def __init__(self) -> None:
+        self.depth = self.branch = self.leaf = self.entries = self.overflow = 0
+
+    def add(self, leaves: int, pages: int, entries: int) -> None:
+        self.leaf += leaves
+        self.branch += pages - leaves
+        self.entries += entries
+
+    def check(self, record: memoryview, name: int) -> None:
+        """_Damage unless the named database record (at ``name``) says the same."""
+        _pad, flags, depth, branch, leaf, overflow, entries, _root = _DB.unpack_from(record)
+        if flags & _F_DUPSORT:  # duplicates live in sub-pages the counts see otherwise
+            return
+        found = (self.depth, self.branch, self.leaf, self.overflow, self.entries)
+        if (depth, branch, leaf, overflow, entries) != found:
+            raise _Damage(
+                f"the database record at {name} counts (depth, branch, leaf, overflow pages, "
+                f"entries) {(depth, branch, leaf, overflow, entries)}, its tree holds {found}"
+            )
+
+
+class _OutOfTime(Exception):
     pass
 
 
@@ -78,12 +123,59 @@ class _Walker:
     """Walks trees a level at a time, each level's pages and nodes checked with numpy
     (a store of millions of pages has millions of nodes)."""
 
-    def __init__(self, buf: bytes | memoryview, psize: int, last_pg: int) -> None:
+    def __init__(
+        self, buf: bytes | memoryview, psize: int, last_pg: int, deadline: float | None = None
+    ) -> None:
         self._buf = buf
         self._bytes = np.frombuffer(buf, dtype=np.uint8)
         self._psize = psize
         self._last = last_pg
         self._used = np.zeros(last_pg + 1, dtype=bool)
+        self._deadline = deadline
+        self.runs: list[tuple[np.ndarray, np.ndarray]] = []  # overflow runs: first pages, counts
+
+    def tick(self) -> None:
+        """_OutOfTime once the deadline has passed."""
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise _OutOfTime
+
+    def _u64(self, at: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(at), dtype=np.int64)
+        for i in range(8):
+            out |= self._bytes[at + i].astype(np.int64) << (8 * i)
+        return out
+
+    def _overflow(self, data_at: np.ndarray, size: np.ndarray) -> int:
+        """Note the overflow runs of leaf nodes (their data: the first page number) from
+        the nodes alone, sized as LMDB sizes them, and check each lies inside the file;
+        their pages in all. Their pages are not read; ``place_runs`` marks them used."""
+        first = self._u64(data_at)
+        count = (_HDR - 1 + size) // self._psize + 1
+        bad = (first < 2) | (first + count - 1 > self._last)
+        if bad.any():
+            i = int(bad.argmax())
+            raise _Damage(
+                f"overflow run at page {int(first[i])} of {int(count[i])} pages is outside "
+                f"pages 2..{self._last}"
+            )
+        self.runs.append((first, count))
+        return int(count.sum())
+
+    def place_runs(self) -> None:
+        """Mark the noted overflow runs' pages used, damage where a page is reached twice
+        (two runs, or a run and a tree page): one pass over the page numbers."""
+        if not self.runs:
+            return
+        first = np.concatenate([f for f, _ in self.runs])
+        count = np.concatenate([c for _, c in self.runs])
+        pages = self._last + 2
+        covered = np.cumsum(
+            np.bincount(first, minlength=pages) - np.bincount(first + count, minlength=pages)
+        )[: self._last + 1]
+        twice = (covered > 1) | ((covered > 0) & self._used)
+        if twice.any():
+            raise _Damage(f"page {int(twice.argmax())} is reached twice")
+        self._used |= covered > 0
 
     def _u16(self, at: np.ndarray) -> np.ndarray:
         b = self._bytes
@@ -163,25 +255,50 @@ class _Walker:
             raise _Damage(f"a node of the page at {int(page_at[past.argmax()])} runs past the page")
         return _Level(np.where(is_leaf, flags, -1), data_at, size)
 
-    def tree(self, root: int, wanted: int | None = None) -> Iterator[_Node]:
+    def tree(
+        self,
+        root: int,
+        wanted: int | None = None,
+        place: bool = False,
+        counts: TreeCounts | None = None,
+    ) -> Iterator[_Node]:
         """The leaf nodes of the tree at ``root`` (pages checked on the way): all of them,
-        or only those whose flags share a bit with ``wanted``."""
+        or only those whose flags share a bit with ``wanted``. ``place``: overflow runs
+        are placed here (``_overflow``), and their nodes not yielded. ``counts``: what
+        the tree holds is added there. Every leaf is at the same depth, as in LMDB."""
         if root == _P_INVALID:
             return
         level = np.array([root], dtype=np.int64)
         for _depth in range(_MAX_DEPTH + 1):
             children = []
+            kinds: set[bool] = set()
             for start in range(0, len(level), _CHUNK_PAGES):
+                self.tick()
                 pgnos = level[start : start + _CHUNK_PAGES]
                 at = self._pages(pgnos, _P_BRANCH | _P_LEAF)
-                nodes = self._nodes(at, (self._u16(at + 10) & _P_BRANCH) == 0)
+                leaf_page = (self._u16(at + 10) & _P_BRANCH) == 0
+                kinds.update(bool(k) for k in np.unique(leaf_page))
+                nodes = self._nodes(at, leaf_page)
                 branch = nodes.flags < 0
                 children.append(nodes.size[branch])
                 keep = ~branch if wanted is None else (nodes.flags & wanted) != 0
                 keep &= ~branch
+                if counts is not None:
+                    counts.add(int(leaf_page.sum()), len(pgnos), int((~branch).sum()))
+                if place:
+                    big = ~branch & (nodes.flags & _F_BIGDATA != 0)
+                    if big.any():
+                        pages = self._overflow(nodes.data_at[big], nodes.size[big])
+                        if counts is not None:
+                            counts.overflow += pages
+                    keep &= ~big
                 kept = zip(nodes.flags[keep], nodes.data_at[keep], nodes.size[keep], strict=True)
                 for f, d, z in kept:
                     yield _Node(int(f), int(d), int(z))
+            if len(kinds) > 1:
+                raise _Damage(f"leaf and branch pages on one level of the tree at page {root}")
+            if counts is not None:
+                counts.depth += 1
             level = np.concatenate(children) if children else level[:0]
             if not len(level):
                 return
@@ -219,6 +336,12 @@ class _Walker:
     def _overflow_at(self, node: _Node) -> int:
         (first,) = struct.unpack_from("<Q", self._buf, node.data_at)
         return int(first) * self._psize + _HDR
+
+    def all_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The noted overflow runs: first pages, page counts."""
+        if not self.runs:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate([f for f, _ in self.runs]), np.concatenate([c for _, c in self.runs])
 
     def check_free(self, free: list[FreeEntry]) -> None:
         seen: set[int] = set()
@@ -260,8 +383,11 @@ def _page_size(buf: bytes | memoryview) -> int:
     return mmap.PAGESIZE
 
 
-def walk_pages(buf: bytes | memoryview) -> PageWalk:
-    """Check the LMDB file ``buf`` (all of ``data.mdb``; an mmap is fine)."""
+def walk_pages(buf: bytes | memoryview, deadline: float | None = None) -> PageWalk:
+    """Check the LMDB file ``buf`` (all of ``data.mdb``; an mmap is fine), stopping at
+    ``deadline`` (``time.monotonic()``; None: none). Overflow runs are placed, not read
+    (``sample_overflow`` reads some)."""
+    walker: _Walker | None = None
     try:
         psize = _page_size(buf)
         stored_psize, free_root, main_root, last = _meta(buf, psize)
@@ -269,20 +395,51 @@ def walk_pages(buf: bytes | memoryview) -> PageWalk:
             raise _Damage(f"the meta pages disagree on the page size ({stored_psize}, {psize})")
         if len(buf) < (last + 1) * psize:
             raise _Damage(f"data.mdb is truncated: {len(buf)} bytes, pages up to {last}")
-        walker = _Walker(buf, psize, last)
-        for node in walker.tree(main_root, _F_SUBDATA | _F_BIGDATA):
-            if node.flags & _F_SUBDATA:  # a named database: its MDB_db record
-                record = walker.data(node)
-                if len(record) != _DB.size:
-                    raise _Damage(f"a database record at {node.data_at} has {len(record)} bytes")
-                for sub in walker.tree(_DB.unpack_from(record)[-1], _F_BIGDATA):
-                    walker.data(sub)
-            elif node.flags & _F_BIGDATA:
-                walker.data(node)
+        walker = _Walker(buf, psize, last, deadline)
+        for node in walker.tree(main_root, _F_SUBDATA, place=True):
+            record = walker.data(node)  # a named database: its MDB_db record
+            if len(record) != _DB.size:
+                raise _Damage(f"a database record at {node.data_at} has {len(record)} bytes")
+            counts = TreeCounts()
+            for _ in walker.tree(_DB.unpack_from(record)[-1], 0, place=True, counts=counts):
+                pass
+            counts.check(record, node.data_at)
+        walker.place_runs()
         free = walker.free_list(free_root)
         walker.check_free(free)
     except _Damage as exc:
         return PageWalk(str(exc), -1, ())
+    except _OutOfTime:
+        runs = sum(len(f) for f, _ in walker.runs) if walker is not None else 0
+        return PageWalk(None, -1, (), finished=False, overflow_runs=runs)
     except struct.error:
         return PageWalk("a page runs past the end of data.mdb", -1, ())
-    return PageWalk(None, main_root, tuple(free))
+    first, count = walker.all_runs()
+    return PageWalk(None, main_root, tuple(free), True, len(first), 0, (first, count))
+
+
+def sample_overflow(
+    buf: bytes | memoryview, walk: PageWalk, deadline: float | None, rng: random.Random
+) -> PageWalk:
+    """``walk`` (a finished walk of ``buf``) with the first page of its overflow runs
+    read in random order and checked (its own number, its kind, its page count) until
+    ``deadline``: ``overflow_checked`` says how many; damage names the first wrong one."""
+    if walk.runs is None or not walk.overflow_runs:
+        return walk
+    first, count = walk.runs
+    psize = _page_size(buf)
+    order = list(range(len(first)))
+    rng.shuffle(order)
+    checked = 0
+    for checked, i in enumerate(order):
+        if checked % 64 == 0 and deadline is not None and time.monotonic() > deadline:
+            return walk._replace(overflow_checked=checked)
+        pgno, pages = int(first[i]), int(count[i])
+        own, _, flags, stored = struct.unpack_from("<QHHI", buf, pgno * psize)
+        if own != pgno or not flags & _P_OVERFLOW or stored != pages:
+            damage = (
+                f"overflow page {pgno} says page {own}, flags {flags:#x}, {stored} pages "
+                f"(its value needs {pages})"
+            )
+            return walk._replace(damage=damage, overflow_checked=checked + 1)
+    return walk._replace(overflow_checked=len(order))

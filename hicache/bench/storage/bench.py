@@ -74,8 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--backend",
         choices=("lmdb", "file", "redis", "mooncake", "disk"),
         default="lmdb",
-        help="the store measured (disk: a grid against raw pwrite/preadv, lmdb and one "
-        "file per page, see its flags below)",
+        help="the store measured (disk: a grid against raw pwritev/preadv with and without "
+        "xxh3, lmdb and one file per page, see its flags below)",
     )
     parser.add_argument(
         "--json", type=Path, help="write the results as a JSON list here (default: print only)"

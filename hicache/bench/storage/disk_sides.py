@@ -2,10 +2,12 @@
 
 Each side stores the same pages batch by batch and reads them back into the
 same buffers: the ``disk`` backend (with its I/O pool of the cell's size), raw
-``os.pwrite``/``os.preadv`` of the bare payloads into one preallocated file with
-as many threads (the limit: no header, no index, no checksum), the ``lmdb``
-backend, and one file per page written then renamed and read with ``readinto``
-(SGLang's ``HiCacheFile``, vLLM's ``fs`` tier). ``close``/``reopen`` let the
+``os.pwritev``/``os.preadv`` of the bare payloads into one preallocated file with
+as many threads (the limit: no header, no index, no checksum), the same with each
+page's xxh3 computed before it is written and checked after it is read (the limit
+of any store that checks every page), the ``lmdb`` backend, and one file per page
+written then renamed and read with ``readinto`` (SGLang's ``HiCacheFile``, vLLM's
+``fs`` tier). ``close``/``reopen`` let the
 bench drop the files from the page cache (a mapped file cannot be dropped).
 """
 
@@ -25,7 +27,7 @@ import xxhash
 
 from storage_backends import StorageBackend, StorageConfig, create
 
-SIDES = ("disk", "raw", "lmdb", "file-per-page")
+SIDES = ("disk", "raw", "raw+xxh3", "lmdb", "file-per-page")
 
 
 class Pages(NamedTuple):
@@ -106,39 +108,72 @@ def _with_threads(config: StorageConfig, threads: int) -> StorageConfig:
     return dataclasses.replace(config, io_threads=threads)
 
 
+# The raw sides write and read a thread's share of a batch in groups of about this many
+# bytes, one ``pwritev``/``preadv`` a group: the checksummed side hashes a group just
+# before writing it (just after reading it), while its bytes are still in the CPU's
+# caches, as a store that checks every page at best does.
+RAW_GROUP_BYTES = 1 << 20
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
 class RawSide:
-    """Bare payloads at ``i * page_bytes`` in one preallocated file, ``threads`` at a time."""
+    """Bare payloads at ``i * page_bytes`` in one preallocated file, a batch split into
+    ``threads`` shares of consecutive pages, each written (read) in groups of about
+    ``RAW_GROUP_BYTES`` with one ``pwritev`` (``preadv``) a group: the least a store
+    must do to keep the bytes. ``checksum``: also the xxh3 of each page, computed
+    before it is written and checked after it is read (kept in memory, where an index
+    would keep it): the least a store that checks every page must do."""
 
-    name = "raw"
-
-    def __init__(self, root: Path, pages: Pages, threads: int) -> None:
+    def __init__(self, root: Path, pages: Pages, threads: int, checksum: bool = False) -> None:
+        self.name = "raw+xxh3" if checksum else "raw"
         self.root, self._pages = root, pages
         root.mkdir()
         self._path = root / "raw.dat"
         self._threads = threads
+        self._checksum = checksum
+        self._sums: list[int] = [0] * len(pages.src)
+        self._group = max(1, min(_IOV_MAX, RAW_GROUP_BYTES // pages.page_bytes))
         self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
         self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         os.posix_fallocate(self._fd, 0, pages.total_bytes)
 
-    def _each(self, span: slice, one: Callable[[int], None]) -> None:
+    def _shares(self, span: slice, one: Callable[[range], None]) -> None:
         indices = range(*span.indices(len(self._pages.src)))
-        if self._pool is None:
-            for i in indices:
-                one(i)
-        else:
-            list(self._pool.map(one, indices))
+        parts = min(self._threads, len(indices))
+        if self._pool is None or parts < 2:
+            one(indices)
+            return
+        step = -(-len(indices) // parts)
+        shares = [indices[k : k + step] for k in range(0, len(indices), step)]
+        list(self._pool.map(one, shares))
 
-    def _write(self, i: int) -> None:
-        os.pwrite(self._fd, self._pages.src[i], i * self._pages.page_bytes)
+    def _groups(self, share: range) -> list[range]:
+        return [share[k : k + self._group] for k in range(0, len(share), self._group)]
 
-    def _read(self, i: int) -> None:
-        os.preadv(self._fd, [self._pages.dst[i]], i * self._pages.page_bytes)
+    def _write(self, share: range) -> None:
+        src, at = self._pages.src, self._pages.page_bytes
+        for group in self._groups(share):
+            if self._checksum:
+                for i in group:
+                    self._sums[i] = xxhash.xxh3_64_intdigest(src[i])
+            os.pwritev(self._fd, [src[i] for i in group], group[0] * at)
+
+    def _read(self, share: range) -> None:
+        dst, at = self._pages.dst, self._pages.page_bytes
+        for group in self._groups(share):
+            want = len(group) * at
+            if os.preadv(self._fd, [dst[i] for i in group], group[0] * at) != want:
+                raise RuntimeError(f"{self.name}: short read")
+            if self._checksum:
+                for i in group:
+                    if xxhash.xxh3_64_intdigest(dst[i]) != self._sums[i]:
+                        raise RuntimeError(f"{self.name}: checksum mismatch at page {i}")
 
     def put(self, span: slice) -> None:
-        self._each(span, self._write)
+        self._shares(span, self._write)
 
     def get(self, span: slice) -> None:
-        self._each(span, self._read)
+        self._shares(span, self._read)
 
     def close(self) -> None:
         os.close(self._fd)
@@ -185,6 +220,7 @@ def open_sides(root: Path, pages: Pages, threads: int) -> list[Side]:
     return [
         BackendSide("disk", root / "disk", pages, threads),
         RawSide(root / "raw", pages, threads),
+        RawSide(root / "raw-xxh3", pages, threads, checksum=True),
         BackendSide("lmdb", root / "lmdb", pages, threads),
         FilePerPageSide(root / "file-per-page", pages),
     ]

@@ -6,7 +6,7 @@ recomputed), device only, device + host, and device + host + storage. --config
 the two host rows (host.ratio 2.0 when the config turns the host tier off) and
 the backend of the storage row: disk, lmdb or file in a temporary directory, redis or
 mooncake under a key prefix of this run, remote on the configured daemon,
-memory as it is; with no storage tier configured, LMDB in a temporary
+memory as it is; with no storage tier configured, disk in a temporary
 directory. It never changes which rows run: `--config device-only` still
 measures all four, from the device-only config's model and device pool.
 

@@ -1,9 +1,9 @@
-"""Two engines, one workload: own LMDB stores versus one shared cache daemon.
+"""Two engines, one workload: own disk stores versus one shared cache daemon.
 
 ``hicache bench tiering --engines 2`` runs the workload through two
 engine-side caches in two OS processes, each serving half of the clients
 (every half sees every system prompt / document), twice: each engine with its
-own LMDB store, then both on one daemon (started and stopped here). Engine 1
+own disk store, then both on one daemon (started and stopped here). Engine 1
 joins once engine 0 has served its first round and written it to storage (a
 new engine joining a warm fleet); both then run concurrently. Only through the
 daemon can one engine reuse what the other computed. Each engine drains its
@@ -35,7 +35,7 @@ from hicache.config.cache import CacheConfig
 from storage_backends import StorageConfig
 
 ENGINES = 2
-OWN_LMDB = "2 engines, own LMDB each"
+OWN_STORE = "2 engines, own disk store each"
 SHARED = "2 engines, shared daemon"
 JOIN_TIMEOUT_S = 600.0
 DAEMON_CONFIG = "daemon"  # a shipped config (hicache.config.shipped.resolve_config)
@@ -184,15 +184,15 @@ def _collect(
 def compare(
     config: CacheConfig, trace: list[TraceRequest], workload: str, system_prompts: int
 ) -> list[SharingReport]:
-    """The two rows: own LMDB per engine, then one shared daemon."""
+    """The two rows: own disk store per engine, then one shared daemon."""
     halves = split(trace, workload, system_prompts)
     base = _with_storage(config, StorageConfig())
     with tempfile.TemporaryDirectory(prefix="hicache-bench-sharing-") as tmp:
         own = [
-            _with_storage(base, StorageConfig(backend="lmdb", path=f"{tmp}/engine{e}"))
+            _with_storage(base, StorageConfig(backend="disk", path=f"{tmp}/engine{e}"))
             for e in range(ENGINES)
         ]
-        reports = [run_engines(OWN_LMDB, own, halves)]
+        reports = [run_engines(OWN_STORE, own, halves)]
         with start_daemon(DAEMON_CONFIG, Path(tmp) / "daemon-store") as daemon:
             remote = StorageConfig(backend="remote", endpoint=daemon.endpoint, timeout_s=30.0)
             shared = [_with_storage(base, remote)] * ENGINES
@@ -224,5 +224,5 @@ def report_sharing(
     print_rows(reports)
     own, shared = reports
     verdict = "beats" if shared.hit_rate > own.hit_rate else "does NOT beat"
-    print(f"shared daemon {verdict} own LMDB: {shared.hit_rate:.1%} vs {own.hit_rate:.1%}")
+    print(f"shared daemon {verdict} own store: {shared.hit_rate:.1%} vs {own.hit_rate:.1%}")
     return [dataclasses.asdict(r) for r in reports]

@@ -3,7 +3,7 @@
 A path store (``disk``, ``lmdb``, ``file``) gets a fresh directory of the bench's;
 a shared network store (``redis``, ``mooncake``) is used under a key prefix of this
 run; ``remote`` (the configured daemon) and ``memory`` as they are. With no storage
-tier configured, LMDB in the bench's directory.
+tier configured, disk in the bench's directory.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def storage_setup(config: CacheConfig, store_dir: Path) -> StorageConfig:
     """The storage tier a bench row with storage uses (see the module docstring)."""
     storage = config.storage
     if not storage.enabled:
-        return StorageConfig(backend="lmdb", path=str(store_dir), max_bytes=8 << 30)
+        return StorageConfig(backend="disk", path=str(store_dir), max_bytes=8 << 30)
     if storage.backend in PATH_BACKENDS:
         return replace(storage, path=str(store_dir))
     if storage.backend in NETWORK_BACKENDS:  # keys of this run only: no earlier run's pages

@@ -15,8 +15,8 @@ Mapping of hicache's fields:
   string half of it that events carry, so a router keys tenants by it. The
   integer ``lora_id`` is always None (a namespace is a string);
 - medium, as SGLang's ``StorageMedium`` spells it: device -> ``"GPU"``, host ->
-  ``"CPU_PINNED"``, storage -> ``"DISK"`` for a store on local disk (``lmdb``,
-  ``file``) and ``"EXTERNAL"`` for any other (the daemon, Redis, a plugin).
+  ``"CPU_PINNED"``, storage -> ``"DISK"`` for a store on local disk (``disk``,
+  ``lmdb``, ``file``) and ``"EXTERNAL"`` for any other (the daemon, Redis, a plugin).
 
 Replay replies follow SGLang's publisher: ``[topic, seq, payload]`` per
 batch, ended by ``[b"", END_SEQ, b""]`` (the same framing as vLLM's).
@@ -29,7 +29,7 @@ import msgspec
 from hicache.events.formats.base import StructFormat, block_hash, parent_hash
 from hicache.events.kv import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
-LOCAL_DISK_BACKENDS = ("lmdb", "file")
+LOCAL_DISK_BACKENDS = ("disk", "lmdb", "file")
 
 
 class SglangBatch(msgspec.Struct, array_like=True, gc=False):
@@ -71,7 +71,7 @@ class SglangFormat(StructFormat[SglangBatch]):
 
     name = "sglang"
 
-    def __init__(self, storage_backend: str = "lmdb") -> None:
+    def __init__(self, storage_backend: str = "disk") -> None:
         storage = "DISK" if storage_backend in LOCAL_DISK_BACKENDS else "EXTERNAL"
         self.media = {"device": "GPU", "host": "CPU_PINNED", "storage": storage}
         super().__init__(SglangBatch)

@@ -35,8 +35,8 @@ num_tokens = 4096
 ratio = 2.0
 reserve_gb = 0.0
 [storage]
-backend = "lmdb"
-path = "unused"
+backend = "disk"
+path = "unused"  # the bench stores in a temporary directory of its own
 max_bytes = 268435456
 """
 

@@ -197,9 +197,9 @@ def test_tiering_says_what_its_rows_are(tmp_path: Path, capsys: pytest.CaptureFi
     assert main([*argv, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "storage tier: lmdb" not in out  # the old, misleading line
-    assert "device+host+storage   device + host (2.0× the device pool) + storage (lmdb in a" in out
+    assert "device+host+storage   device + host (2.0× the device pool) + storage (disk in a" in out
     assert "the config has no host tier: the host rows use host.ratio 2.0" in out
-    assert "the config has no storage tier: the storage row uses lmdb" in out
+    assert "the config has no storage tier: the storage row uses disk" in out
 
 
 def _commands() -> list[tuple[str, argparse.ArgumentParser]]:
@@ -237,8 +237,12 @@ def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for command in ("serve", "keygen", "stats", "store inspect", "store verify"):
+    for command in ("serve", "keygen", "stats", "store inspect", "store verify", "store migrate"):
         assert f"hicache {command}" in out
+    from hicache.cli.store import actions
+
+    for action in actions():
+        assert f"hicache store {action} PATH" in out
     from hicache.bench import BENCHMARKS
 
     for name in BENCHMARKS:

@@ -19,6 +19,7 @@ import pytest
 
 from hicache.config.daemon import DaemonConfig, StoreConfig
 from hicache.daemon.store import DaemonStore, scoped_key
+from storage_backends.disk import writes as disk_writes
 from storage_backends.remote.protocol import ContainsReply, ExistsReply, Op
 
 from .conftest import Client, in_process_daemon, page_key, page_record
@@ -92,6 +93,8 @@ def test_of_a_put_partly_committed_only_what_was_stored_is_seen(
     store: DaemonStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client, scoped, recs = records("half")
+    # A batch is shared by one I/O thread per SPLIT_BYTES: this small one by all of them.
+    monkeypatch.setattr(disk_writes, "SPLIT_BYTES", SIZE)
     monkeypatch.setattr(os, "pwritev", failing_pwritev(every=2))
     stored = store.put(scoped, recs)
     monkeypatch.undo()

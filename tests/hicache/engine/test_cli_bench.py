@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import socket
 from pathlib import Path
@@ -132,6 +133,31 @@ def test_cli_store_goes_to_the_user_cache_and_is_reused(
     assert list(work.iterdir()) == []  # nothing in the working directory
     assert main(argv) == 0
     assert f"reusing the store at {stores[0]}" in capsys.readouterr().out
+
+
+def test_cli_opens_an_lmdb_store_left_by_an_earlier_default_as_it_is(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The default store was ``lmdb`` before it was ``disk``: a user's store in the
+    default place is opened as the LMDB store it is (its pages reused), with one log
+    line that names ``hicache store migrate``."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    argv = ["--turns", "2", "--turn-tokens", "40", "--hidden", "64", "--vocab", "128"]
+    for key, value in SMALL.items():
+        argv += ["--set", f"{key}={value}"]
+    assert main([*argv, "--set", "storage.backend=lmdb"]) == 0
+    (store,) = list((tmp_path / "xdg" / "hicache" / "store").iterdir())
+    capsys.readouterr()
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert main(argv) == 0  # the shipped default: disk
+    assert f"storage lmdb, reusing the store at {store}" in capsys.readouterr().out
+    named = [r for r in caplog.records if "hicache store migrate" in r.getMessage()]
+    assert len(named) == 1 and str(store) in named[0].getMessage()
+    assert [p.name for p in store.parent.iterdir()] == [store.name]  # no second store
 
 
 def test_cli_names_a_metrics_port_in_use(

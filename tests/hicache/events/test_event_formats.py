@@ -45,7 +45,13 @@ def test_wire_layout(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("backend", "medium"),
-    [("lmdb", "DISK"), ("file", "DISK"), ("remote", "EXTERNAL"), ("redis", "EXTERNAL")],
+    [
+        ("disk", "DISK"),
+        ("lmdb", "DISK"),
+        ("file", "DISK"),
+        ("remote", "EXTERNAL"),
+        ("redis", "EXTERNAL"),
+    ],
 )
 def test_sglang_names_the_storage_medium_after_the_backend(backend: str, medium: str) -> None:
     payload = create_format("sglang", backend).encode(0.0, [BlockRemoved(KEYS, "storage")])

@@ -13,7 +13,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from storage_backends import StorageBackend, StorageConfig, create
-from storage_backends.disk.layout import BLOCK, SEGMENT_PREFIX, round_up, slot_class
+from storage_backends.disk.layout import (
+    BLOCK,
+    RECORD_LEAD,
+    SEGMENT_PREFIX,
+    round_up,
+    slot_class,
+)
 from storage_backends.page_format import HEADER_BYTES
 
 OLD, NEW = 16384, 20000
@@ -49,7 +55,8 @@ def _put(store: StorageBackend, kind: str, ids: list[int], size: int) -> None:
 
 
 def _file_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.glob(f"{SEGMENT_PREFIX}*"))
+    """The segment files' bytes, less each file's lead before its first slot."""
+    return sum(p.stat().st_size - RECORD_LEAD for p in path.glob(f"{SEGMENT_PREFIX}*"))
 
 
 def _reorder(store: StorageBackend, pages: int, size: int, how: str, seed: int) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from storage_backends import StorageBackend, StorageConfig, create
+from storage_backends.disk import writes
 from storage_backends.page_format import HEADER_BYTES
 
 SIZE = 4096
@@ -122,6 +123,8 @@ def test_a_batch_with_some_failed_spans_gives_their_slots_back(
     free: the next full-size put stores every page, twice over."""
     s = store(io_threads=4)
     assert _put(s, "old", range(PAGES)) == [True] * PAGES
+    # A batch is shared by one I/O thread per SPLIT_BYTES: this small one by all four.
+    monkeypatch.setattr(writes, "SPLIT_BYTES", 1)
     monkeypatch.setattr(os, "pwritev", _failing(how, os.pwritev, every=2))
     results = _put(s, "half", range(PAGES))
     monkeypatch.undo()

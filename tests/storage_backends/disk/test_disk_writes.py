@@ -12,9 +12,10 @@ import lmdb
 import pytest
 
 from storage_backends import StorageConfig, create
-from storage_backends.disk import DiskBackend, PutPhase
+from storage_backends.disk import DiskBackend, PutPhase, writes
 from storage_backends.disk.index import DiskIndex
 from storage_backends.disk.layout import SlotClass, SlotRun, slot_class
+from storage_backends.page_format import HEADER_BYTES
 
 SIZE = 5000
 
@@ -88,30 +89,34 @@ def test_a_run_never_replaces_a_stored_page(tmp_path: Path) -> None:
         index.close()
 
 
+@pytest.mark.parametrize(
+    ("threads", "split", "calls"), [(1, 16 << 10, 1), (4, 16 << 10, 4), (4, 1 << 20, 1)]
+)
 def test_a_batch_of_adjacent_slots_is_one_pwritev_a_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int, split: int, calls: int
 ) -> None:
-    calls: list[int] = []
+    """16 pages (80 KB) in adjacent slots: one ``pwritev`` for each thread that shares
+    the batch, a thread for each ``SPLIT_BYTES`` of it (at most ``io_threads``)."""
+    offsets: list[int] = []
     real = os.pwritev
 
     def counting(fd: int, bufs: list[memoryview], offset: int) -> int:
-        calls.append(offset)
+        offsets.append(offset)
         return real(fd, bufs, offset)
 
-    for threads in (1, 4):
-        store = create("disk", _config(tmp_path / f"t{threads}", io_threads=threads))
-        try:
-            monkeypatch.setattr(os, "pwritev", counting)
-            calls.clear()
-            ids = range(16)
-            assert all(store.put([_key(i) for i in ids], [memoryview(_payload(i)) for i in ids]))
-            monkeypatch.setattr(os, "pwritev", real)
-            assert len(calls) == threads
-            dst = [memoryview(bytearray(SIZE)) for _ in ids]
-            assert all(store.get([_key(i) for i in ids], dst))
-            assert [bytes(d) for d in dst] == [_payload(i) for i in ids]
-        finally:
-            store.close()
+    monkeypatch.setattr(writes, "SPLIT_BYTES", split)
+    store = create("disk", _config(tmp_path / "s", io_threads=threads))
+    try:
+        monkeypatch.setattr(os, "pwritev", counting)
+        ids = range(16)
+        assert all(store.put([_key(i) for i in ids], [memoryview(_payload(i)) for i in ids]))
+        monkeypatch.setattr(os, "pwritev", real)
+        assert len(offsets) == calls
+        dst = [memoryview(bytearray(SIZE)) for _ in ids]
+        assert all(store.get([_key(i) for i in ids], dst))
+        assert [bytes(d) for d in dst] == [_payload(i) for i in ids]
+    finally:
+        store.close()
 
 
 def test_a_failed_commit_leaves_nothing_of_the_batch(tmp_path: Path) -> None:
@@ -174,5 +179,37 @@ def test_a_batch_larger_than_a_segment_fills_new_segments_without_evicting(
         dst = [memoryview(bytearray(size)) for _ in ids]
         assert all(store.get([_key(i) for i in ids], dst))
         assert [bytes(d) for d in dst] == payloads
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_put_of_a_stored_page_makes_it_the_newest(tmp_path: Path, batch: int) -> None:
+    """One page a call or several: a page put again is kept as the most recently used,
+    so the next eviction takes the page after it; each phase of the put is announced."""
+    record = HEADER_BYTES + SIZE
+    config = StorageConfig(backend="disk", path=str(tmp_path / "s"), max_bytes=8 * record)
+    store = DiskBackend(config)
+    phases: list[PutPhase] = []
+    try:
+        for i in range(8):  # a full store, page 0 the oldest
+            assert store.put([_key(i)], [memoryview(_payload(i))]) == [True]
+        store.fault_hook = phases.append
+        again = [0] + [100 + n for n in range(batch - 1)]  # page 0, and new pages beside it
+        assert store.put([_key(i) for i in again], [memoryview(_payload(i)) for i in again])
+        assert (
+            phases
+            == [PutPhase.BEFORE_DATA, PutPhase.AFTER_DATA, PutPhase.IN_COMMIT][
+                : 3 if batch > 1 else 0
+            ]
+        )
+        store.fault_hook = None
+        phases.clear()
+        store.fault_hook = phases.append
+        assert store.put([_key(200)], [memoryview(_payload(200))]) == [True]
+        assert phases == [PutPhase.BEFORE_DATA, PutPhase.AFTER_DATA, PutPhase.IN_COMMIT]
+        evicted = set(store.take_removed())
+        assert _key(0) not in evicted and _key(batch) in evicted
+        assert store.contains([_key(0)]) == [True]
     finally:
         store.close()

@@ -42,14 +42,16 @@ CRASH = textwrap.dedent(
 
 
 class CheckSpy:
-    """Counts the structural checks run, running the real one."""
+    """Counts the structural checks run and their budgets, running the real one."""
 
     def __init__(self) -> None:
         self.calls = 0
+        self.budgets: list[float | None] = []
 
-    def __call__(self, path: Path, timeout_s: float) -> CheckResult:
+    def __call__(self, path: Path, timeout_s: float, budget_s: float | None = None) -> CheckResult:
         self.calls += 1
-        return check_store(path, timeout_s)
+        self.budgets.append(budget_s)
+        return check_store(path, timeout_s, budget_s)
 
 
 @pytest.fixture
@@ -104,6 +106,24 @@ def test_check_out_of_time_opens_the_store(
         assert _served(config, pages) == COUNT
     assert spy.calls == 1
     assert "did not finish" in caplog.text
+    assert not list(tmp_path.glob("store.damaged-*"))
+
+
+def test_the_check_after_a_crash_is_bounded_by_its_budget_not_the_store(
+    tmp_path: Path,
+    pages: Pages,
+    spy: CheckSpy,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The open after a writer was killed runs the check with ``CHECK_BUDGET_S``; one
+    whose budget is spent before it ends opens the store as it is, every page served."""
+    config = _crashed_store(tmp_path / "store")
+    monkeypatch.setattr(lmdb_backend, "CHECK_BUDGET_S", 0.0)
+    with caplog.at_level(logging.WARNING):
+        assert _served(config, pages) == COUNT
+    assert spy.budgets == [0.0]
+    assert "spent its 0 s budget" in caplog.text
     assert not list(tmp_path.glob("store.damaged-*"))
 
 

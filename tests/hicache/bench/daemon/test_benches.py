@@ -91,7 +91,7 @@ def test_two_engines_reuse_each_other_only_through_the_daemon(tmp_path: Path) ->
     argv = ["bench", "tiering", "--config", str(cfg), "--engines", "2", "--clients", "16"]
     assert main([*argv, "--rounds", "1", "--out", str(out)]) == 0
     own, shared = json.loads((out / "tiering.json").read_text())["engines"]
-    assert own["name"] == "2 engines, own LMDB each"
+    assert own["name"] == "2 engines, own disk store each"
     assert shared["name"] == "2 engines, shared daemon"
     assert shared["hit_rate"] > own["hit_rate"]
     # Engine 0 starts alone in both runs; engine 1 gains from engine 0's system prompts.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -69,24 +70,31 @@ def test_tiering_bench_runs_its_storage_row_on_redis(
 
 
 def test_disk_grid_reports_every_side_and_says_whether_reads_were_cold(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     out = tmp_path / "disk.json"
     argv = ["bench", "storage", "--backend", "disk", "--cell-mb", "1", "--pages-kb", "64,256"]
-    argv += ["--batches", "4,64", "--threads", "2", "--repeat", "1", "--dir", str(tmp_path)]
-    assert main([*argv, "--json", str(out)]) == 0
+    argv += ["--batches", "4,64", "--threads", "2", "--repeat", "2", "--dir", str(tmp_path)]
+    with caplog.at_level(logging.INFO):
+        assert main([*argv, "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     cells = [(r["page_bytes"], r["batch"], r["threads"]) for r in rows[::3]]
     assert cells == [(64 << 10, 4, 2), (64 << 10, 16, 2), (256 << 10, 4, 2)]  # 1 MiB a cell
     assert [r["op"] for r in rows] == ["put", "get cold", "get warm"] * 3
-    sides = {"disk", "raw", "lmdb", "file-per-page"}
+    sides = {"disk", "raw", "raw+xxh3", "lmdb", "file-per-page"}
     assert all(set(r["gbps"]) == sides and min(r["gbps"].values()) > 0 for r in rows)
     assert all(set(r["ratio"]) == set(r["cpu_ratio"]) == sides - {"disk"} for r in rows)
     printed = capsys.readouterr().out
     for r in rows[1::3]:  # the cold reads say whether the page cache was dropped
         assert isinstance(r["page_cache_dropped"], bool)
     assert ("NOT dropped" in printed) == (not all(r["page_cache_dropped"] for r in rows[1::3]))
+    assert "targets (wall):" in printed
     assert list(tmp_path.iterdir()) == [out]
+    # The grid opens 12 stores (3 cells x 2 rounds x disk and lmdb), each twice (fresh,
+    # then clean for the cold reads): routine opens log nothing at INFO, so the bench's
+    # output is not one line per store it opened.
+    lines = [r for r in caplog.records if r.name.startswith("storage_backends")]
+    assert len(lines) <= 2, [r.getMessage() for r in lines]
 
 
 def test_storage_open_bench_opens_each_size_in_a_fresh_process(tmp_path: Path) -> None:

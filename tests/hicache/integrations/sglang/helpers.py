@@ -46,7 +46,8 @@ def sglang_config(
 
 
 def lmdb_extra(path: Path, **more: Any) -> dict[str, Any]:
-    return {**DYNAMIC, "hicache_config": "default", "path": str(path), "sync": False, **more}
+    lmdb = {"backend": "lmdb", "path": str(path), "sync": False}  # the shipped default is disk
+    return {**DYNAMIC, "hicache_config": "default", **lmdb, **more}
 
 
 def remote_extra(endpoint: str, **more: Any) -> dict[str, Any]:

@@ -24,7 +24,14 @@ def payload(n: int, size: int = CHUNK) -> bytes:
 
 
 def lmdb_tier(path: Path, **more: Any) -> dict[str, Any]:
-    return {**OURS, "hicache_config": "default", "path": str(path), "sync": False, **more}
+    return {
+        **OURS,
+        "hicache_config": "default",
+        "backend": "lmdb",  # the shipped default is disk
+        "path": str(path),
+        "sync": False,
+        **more,
+    }
 
 
 def remote_tier(endpoint: str, **more: Any) -> dict[str, Any]:
