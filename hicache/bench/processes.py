@@ -155,15 +155,20 @@ def start_daemon(
     keys: tuple[str, str] | None = None,
     extra: Sequence[str] = (),
     profile: Path | None = None,
+    label_threads: bool = False,
 ) -> ServerProcess:
     """The daemon (``config``: a TOML path, or a shipped config's name) at ``endpoint`` (default: an
     OS-picked loopback port) over the store at ``store``, metrics off, with ``extra`` flags of
     ``hicache serve``; returned once it answers a PING (sent with ``keys`` = (client key file,
     server key file) under CURVE). With ``profile``, it runs under
-    ``hicache.bench.daemon_profile``, which writes its cProfile figures there on exit."""
-    runner = (
-        ["hicache.daemon"] if profile is None else ["hicache.bench.daemon_profile", str(profile)]
-    )
+    ``hicache.bench.daemon_profile``, which writes its cProfile figures there on exit; with
+    ``label_threads`` (or ``profile``) its threads carry their names for ``thread_cpu``."""
+    if profile is not None:
+        runner = ["hicache.bench.daemon_profile", str(profile)]
+    elif label_threads:
+        runner = ["hicache.bench.daemon_threads"]
+    else:
+        runner = ["hicache.daemon"]
     argv = [sys.executable, "-m", *runner, "serve", "--config", str(config)]
     argv += ["--endpoint", endpoint, "--store", str(store), "--metrics-port", "-1", *extra]
     server = ServerProcess(argv, DAEMON_BANNER, log_path)
