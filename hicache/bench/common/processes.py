@@ -205,12 +205,13 @@ def serve_sets(settings: Sequence[str]) -> list[str]:
     return [arg for setting in settings for arg in ("--set", setting)]
 
 
-def start_echo(endpoint: str = "tcp://127.0.0.1:*") -> ServerProcess:
+def start_echo(endpoint: str = "tcp://127.0.0.1:*", hot: bool = False) -> ServerProcess:
     """The plain ROUTER echo (``hicache.bench.common.zmq_echo``) at ``endpoint``; it answers
-    once bound."""
+    once bound. ``hot``: its GETs send one cached page for every frame (see the module)."""
     from hicache.bench.common.zmq_echo import BANNER
 
-    return ServerProcess([sys.executable, "-m", "hicache.bench.common.zmq_echo", endpoint], BANNER)
+    argv = [sys.executable, "-m", "hicache.bench.common.zmq_echo", endpoint]
+    return ServerProcess([*argv, "--hot"] if hot else argv, BANNER)
 
 
 def process_cpu_s(pid: int) -> float:

@@ -105,6 +105,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write cProfile files here (default: no profiling)",
     )
     parser.add_argument(
+        "--echo-hot",
+        action="store_true",
+        help="the echo's GETs send one cached page for every frame (the baseline before "
+        "0.2; default: distinct pages from a ring larger than the CPU's cache)",
+    )
+    parser.add_argument(
         "--threads",
         action="store_true",
         help="print each row's server CPU by thread group, daemon and echo (always in --json)",
@@ -329,7 +335,7 @@ def run_transport(
         echo_server: ServerProcess | None = None
         backend = echo = None
         try:
-            echo_server = start_echo(echo_at)
+            echo_server = start_echo(echo_at, args.echo_hot)
             config = StorageConfig(
                 backend="remote", endpoint=daemon.endpoint, timeout_s=60.0, shm=shm
             )
