@@ -63,6 +63,11 @@ class Row:
     ratio: float
     cpu_ratio: float  # echo's CPU time / the daemon path's, per byte (per call for EXISTS)
     server_cpu_ratio: float  # the echo server's CPU / the daemon's alone, the same way
+    # CPU seconds per GiB moved (per 1,000 calls for EXISTS): client + server, server alone
+    cpu: float
+    server_cpu: float
+    echo_cpu: float
+    echo_server_cpu: float
     p50_us: float
     p99_us: float
     puts_per_commit: float  # PUT requests per group commit (PUT rows; 0 elsewhere)
@@ -177,11 +182,15 @@ def server_cost(timing: Timing, op: str) -> float:
     return timing.server_cpu_s / _work(timing, op)
 
 
+def _unit(op: str) -> int:
+    """What CPU figures are given per: a GiB moved, or 1,000 calls for EXISTS."""
+    return (1 << 30) if op != "EXISTS" else 1000
+
+
 def per_unit(timing: Timing, op: str) -> dict[str, float]:
     """The server's CPU by thread group, in seconds per GiB (per 1,000 calls for EXISTS)."""
-    unit = (1 << 30) if op != "EXISTS" else 1000
     work = _work(timing, op)
-    return {name: round(cpu * unit / work, 4) for name, cpu in timing.server_threads.items()}
+    return {name: round(cpu * _unit(op) / work, 4) for name, cpu in timing.server_threads.items()}
 
 
 def cell_row(op: str, cell: Cell, mine: Timing, base: Timing, per_commit: float = 0.0) -> Row:
@@ -197,6 +206,10 @@ def cell_row(op: str, cell: Cell, mine: Timing, base: Timing, per_commit: float 
         ratio=speed(mine, op) / max(speed(base, op), 1e-12),
         cpu_ratio=cpu_cost(base, op) / max(cpu_cost(mine, op), 1e-15),
         server_cpu_ratio=server_cost(base, op) / max(server_cost(mine, op), 1e-15),
+        cpu=_unit(op) * cpu_cost(mine, op),
+        server_cpu=_unit(op) * server_cost(mine, op),
+        echo_cpu=_unit(op) * cpu_cost(base, op),
+        echo_server_cpu=_unit(op) * server_cost(base, op),
         p50_us=mine.percentile_us(50),
         p99_us=mine.percentile_us(99),
         puts_per_commit=per_commit,
@@ -282,7 +295,10 @@ def print_rows(rows: list[Row], threads: bool = False) -> None:
         if threads:
             unit = "s/1k calls" if r.op == "EXISTS" else "s/GiB"
             mine, echo = _threads_text(r.threads), _threads_text(r.echo_threads)
-            print(f"    CPU {unit}: daemon {mine} | echo {echo}")
+            print(
+                f"    CPU {unit}: daemon {r.cpu:.3f} (client {r.cpu - r.server_cpu:.3f}, {mine})"
+                f" | echo {r.echo_cpu:.3f} (client {r.echo_cpu - r.echo_server_cpu:.3f}, {echo})"
+            )
 
 
 def _threads_text(cpu: dict[str, float]) -> str:

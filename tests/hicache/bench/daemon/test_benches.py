@@ -49,6 +49,10 @@ ROW_KEYS = {
     "ratio",
     "cpu_ratio",
     "server_cpu_ratio",
+    "cpu",
+    "server_cpu",
+    "echo_cpu",
+    "echo_server_cpu",
     "p50_us",
     "p99_us",
     "puts_per_commit",
@@ -84,7 +88,7 @@ def test_daemon_bench_reports_every_op_shape_transport_and_client_count(tmp_path
         moved = row["op"] != "EXISTS"
         assert (row["gbps"] > 0 and row["baseline_gbps"] > 0) == moved
         assert row["ratio"] > 0 and row["cpu_ratio"] > 0 and 0 < row["p50_us"] <= row["p99_us"]
-        assert row["server_cpu_ratio"] > 0
+        assert row["server_cpu_ratio"] > 0 and row["cpu"] >= row["server_cpu"] > 0
         assert (row["puts_per_commit"] >= 1) == (row["op"] == "PUT")
         # The daemon's threads are told apart (named by the bench's launcher).
         assert {"main", "writer", "readers", "zmq-io"} <= set(row["threads"])
