@@ -142,7 +142,10 @@ DAEMON_MEANINGS: dict[str, str] = {
     ),
     "store.path": "store directory; empty: `daemon-store` in the per-user cache directory",
     "store.max_bytes": "store capacity; least recently used pages go first",
-    "store.memory_bytes": "memory LRU in front of the store",
+    "store.memory_bytes": (
+        "memory LRU in front of the store: pages read from the store a second time (verified"
+        " there; a PUT does not fill it), answered on the socket thread without a store read"
+    ),
     "store.sync": (
         "durability as `storage.sync`: `none` (the default), `index`, `full` (`true`/`false`"
         " mean `full`/`none`; lmdb: `index` is `full`); a PUT is acknowledged once its bytes"
