@@ -64,6 +64,24 @@ def read_back(backend: RemoteBackend, ids: list[int]) -> list[bytes | None]:
     return [bytes(d) if hit else None for d, hit in zip(dst, hits, strict=True)]
 
 
+def test_a_put_larger_than_the_client_s_arena_round_trips(
+    daemons: Callable[..., ServerProcess],
+) -> None:
+    """24 MiB in one call, more than a thread's record arena (16 MiB): its records are
+    built as earlier requests are answered, into the room they gave back."""
+    size = 1 << 20
+    backend = remote(daemons().endpoint)
+    try:
+        ids = list(range(24))
+        pages = [payload(i, size) for i in ids]
+        assert backend.put([key(i) for i in ids], [memoryview(p) for p in pages]) == [True] * 24
+        dst = [memoryview(bytearray(size)) for _ in ids]
+        assert backend.get([key(i) for i in ids], dst) == [True] * 24
+        assert [bytes(d) for d in dst] == pages
+    finally:
+        backend.close()
+
+
 def test_round_trip_and_batches_over_request_caps(daemons: Callable[..., ServerProcess]) -> None:
     backend = remote(daemons().endpoint)
     try:
