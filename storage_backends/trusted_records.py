@@ -1,14 +1,16 @@
-"""Records a caller verified already, stored as they are (the daemon's PUT path).
+"""Records stored as a caller framed them (the daemon's PUT path), checksum unverified.
 
 A record is ``page_format``'s header + payload. Its checksum covers the payload only,
-not the key, so a record verified for one key becomes a valid record for another by
-rewriting the header's 32-byte key field: no second checksum pass and no payload copy.
-A backend's ``put_records`` stores each record under its store key this way; its
-``get_records`` reads a stored record whole (header + payload) into the caller's buffer,
-verified as every read is, so the caller can rewrite the key again on the way out.
+not the key, so a record framed for one key becomes a record for another by rewriting
+the header's 32-byte key field: no checksum pass and no payload copy. A backend's
+``put_records`` stores each record under its store key this way, with the checksum its
+header carries; its ``get_records`` reads a stored record whole (header + payload) into
+the caller's buffer, verified as every read is (checksum included: a record whose
+checksum lies is a miss from its first read on, and dropped), so the caller can rewrite
+the key again on the way out.
 
-Only the shape of a trusted record is checked here (length, magic, version, the header's
-payload length): whoever hands a record over checked its checksum.
+Only the shape of a record is checked here (length, magic, version, the header's payload
+length); the caller checked its header against its own key.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ KEY_OFFSET = 8
 
 
 class TrustedRecord(NamedTuple):
-    """A verified record taken apart: its payload (a view, no copy) and its checksum."""
+    """A record taken apart: its payload (a view, no copy) and its header's checksum."""
 
     payload: memoryview
     checksum: int
@@ -40,7 +42,7 @@ def trusted_records(
     keys: Sequence[bytes], records: Sequence[memoryview | bytes]
 ) -> list[TrustedRecord]:
     """The batch's records taken apart, after checking the keys and each record's shape
-    (never its checksum: the caller verified it). ValueError, naming the first bad record,
+    (never its checksum: reads check it). ValueError, naming the first bad record,
     for a batch of mismatched lengths, a key not of 32 bytes, or a record that is not a
     whole record (shorter than a header, wrong magic or version, a header length that
     disagrees with the bytes); raised before anything is stored. Mutates nothing."""

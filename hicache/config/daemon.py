@@ -106,10 +106,9 @@ class ServerConfig:
         )
 
 
-# The stores the daemon runs on, and the one it runs on when its config names none
-# (configs/daemon.toml leaves it out: making `disk` the default is this one line).
+# The stores the daemon runs on, and the one it runs on when its config names none.
 STORE_BACKENDS = ("lmdb", "disk")
-DEFAULT_STORE_BACKEND = "lmdb"
+DEFAULT_STORE_BACKEND = "disk"
 
 
 @dataclass(frozen=True)
@@ -117,15 +116,17 @@ class StoreConfig:
     """The page store (``backend``, ``path``, ``max_bytes``, ``sync``) and the memory LRU in
     front of it. An empty ``path`` is ``daemon-store`` in the per-user cache directory.
 
-    ``sync`` is the storage vocabulary (``storage.sync``): ``none``, ``index`` or
-    ``full``; ``true``/``false`` (older configs) mean ``full``/``none``. At every
-    level a PUT is acknowledged after its commit, so it survives ``kill -9``."""
+    ``sync`` is the storage vocabulary (``storage.sync``): ``none`` (the default),
+    ``index`` or ``full``; ``true``/``false`` (older configs) mean ``full``/``none``. At
+    every level a PUT is acknowledged after its page bytes are written (into the page
+    cache) and its index entry committed, so it survives ``kill -9`` of the daemon;
+    ``index`` and ``full`` add fsyncs so that it also survives an OS crash."""
 
     backend: str = DEFAULT_STORE_BACKEND
     path: str = ""
     max_bytes: int = 8 << 30
     memory_bytes: int = 1 << 30
-    sync: str | bool = SyncLevel.INDEX.value
+    sync: str | bool = SyncLevel.NONE.value
 
     def __post_init__(self) -> None:
         _check(

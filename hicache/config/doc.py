@@ -137,16 +137,21 @@ DAEMON_MEANINGS: dict[str, str] = {
         " in with `storage.shm`): pages cross it instead of the socket; 0: off"
     ),
     "store.backend": (
-        "the page store: `lmdb`, or `disk` (segment files + an LMDB index); a directory that"
-        " already holds a store of the other kind is opened as it is (logged), never emptied"
+        "the page store: `disk` (segment files + an LMDB index; the default), or `lmdb`; a"
+        " directory that already holds a store of the other kind is opened as it is (logged),"
+        " never emptied"
     ),
     "store.path": "store directory; empty: `daemon-store` in the per-user cache directory",
     "store.max_bytes": "store capacity; least recently used pages go first",
-    "store.memory_bytes": "memory LRU in front of the store",
+    "store.memory_bytes": (
+        "memory LRU in front of the store: pages read from the store a second time (verified"
+        " there; a PUT does not fill it), answered on the socket thread without a store read"
+    ),
     "store.sync": (
-        "durability as `storage.sync`: `none`, `index`, `full` (`true`/`false` mean"
-        " `full`/`none`; lmdb: `index` is `full`); a PUT is acknowledged after its commit, so"
-        " an acknowledged page survives `kill -9` at every level"
+        "durability as `storage.sync`: `none` (the default), `index`, `full` (`true`/`false`"
+        " mean `full`/`none`; lmdb: `index` is `full`); a PUT is acknowledged once its bytes"
+        " are written and its index entry committed, so an acknowledged page survives"
+        " `kill -9` of the daemon at every level; `index` and `full` add fsyncs for an OS crash"
     ),
     "limits.max_batch_keys": "keys in one request",
     "limits.max_key_bytes": "bytes of one key",

@@ -1,4 +1,4 @@
-"""ByteLRU: the daemon's in-memory page cache, bounded in bytes."""
+"""ByteLRU: the daemon's in-memory page cache, bounded in bytes, with two-read admission."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from storage_backends.remote.protocol import Frame
 # Charged per entry on top of the record, so that many tiny pages also respect the bound:
 # the key and record objects, the OrderedDict slot and node, allocator rounding (measured).
 ENTRY_OVERHEAD = 256
+# Keys read once and not cached that the tier remembers (``admit``): one per this much
+# capacity (at least MIN_GHOSTS), each ~150 bytes (0.2 % of the capacity they stand for).
+GHOST_SPAN = 64 << 10
+MIN_GHOSTS = 64
 
 
 class LruSize(NamedTuple):
@@ -22,14 +26,19 @@ class LruSize(NamedTuple):
 class ByteLRU:
     """Key → page record, least recently used first out once ``capacity`` bytes are exceeded.
 
-    Thread-safe (one lock). Records are kept as given (``bytes`` or a read-only
-    view of a large received frame), never copied here. ``generation`` changes on every
-    removal so that a reader can tell that a delete raced its read-through.
+    Thread-safe (one lock). Records are kept as given, never copied here.
+    ``generation`` changes on every removal so that a reader can tell that a delete
+    raced its read-through. ``admit`` decides which records read from the store are
+    worth caching: those read a second time (a page read once, as most of a bulk
+    transfer is, would only pass through: copying it into fresh memory costs more CPU
+    than reading it from the store again).
     """
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
         self._pages: OrderedDict[bytes, Frame] = OrderedDict()
+        self._ghosts: OrderedDict[bytes, None] = OrderedDict()  # read once, not cached
+        self._max_ghosts = max(MIN_GHOSTS, capacity // GHOST_SPAN)
         self._bytes = 0
         self._evictions = 0
         self._generation = 0
@@ -50,6 +59,20 @@ class ByteLRU:
     def __contains__(self, key: bytes) -> bool:
         with self._lock:
             return key in self._pages
+
+    def admit(self, key: bytes) -> bool:
+        """Whether the record of ``key``, just read from the store, should be cached now:
+        True on its second read while it is remembered (it is then forgotten); False on a
+        first read, which remembers it (the oldest remembered key is forgotten first).
+        Mutates the remembered keys only."""
+        with self._lock:
+            if key in self._ghosts:
+                del self._ghosts[key]
+                return True
+            self._ghosts[key] = None
+            if len(self._ghosts) > self._max_ghosts:
+                self._ghosts.popitem(last=False)
+            return False
 
     def admits(self, nbytes: int) -> bool:
         """Whether a record of ``nbytes`` could be cached at all (it fits the capacity)."""

@@ -2,11 +2,13 @@
 for the client again on the way out.
 
 A client sends each page as a record (``page_format``: header with its key, length and
-the payload's xxh3, then the payload); the writer verifies it. The store keeps that same
-record under the tenant-scoped key with the header's key field rewritten to the scoped
-key (``put_records``): the checksum covers the payload only, so nothing is hashed again
-and no payload is copied. A GET reads the stored record whole into the reply buffer (the
-store verifies it as every read) and rewrites the key field back to the client's key.
+the payload's xxh3, then the payload); the writer checks its header against the key.
+The store keeps that same record under the tenant-scoped key with the header's key field
+rewritten to the scoped key (``put_records``): the checksum covers the payload only, so
+nothing is hashed at PUT and no payload is copied. A GET reads the stored record whole
+into the reply buffer (the store verifies it, checksum included, as every read: a record
+whose checksum lies is a miss from its first read on, and dropped) and rewrites the key
+field back to the client's key.
 
 Stores written before (daemons up to session 9) hold *wrapped* records: the client's
 record whole, as the payload of a store record. They stay readable. A stored record is

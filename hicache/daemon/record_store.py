@@ -2,8 +2,9 @@
 stores that provide it (``store.backend``: ``lmdb`` or ``disk``).
 
 The daemon stores each client's page record (header + payload, as the client framed
-it, verified) as a record of the backend under the tenant-scoped key: the header's key
-rewritten, nothing hashed again (``record_framing``). It never knows which backend is
+it, its header checked) as a record of the backend under the tenant-scoped key: the
+header's key rewritten, nothing hashed (``record_framing``; every read checks the
+checksum). It never knows which backend is
 behind it: both satisfy ``RecordStore`` as they are.
 """
 
@@ -53,8 +54,8 @@ class RecordStore(Protocol):
         ...
 
     def put_records(self, keys: Sequence[bytes], records: Sequence[memoryview]) -> list[bool]:
-        """Store whole records the caller verified (``trusted_records``: the checksum is
-        not computed again; the header's key becomes the store key). Committed when it
+        """Store whole records as framed (``trusted_records``: the checksum is not
+        computed, every read checks it; the header's key becomes the store key). Committed when it
         returns (durable as ``sync`` says); per-key success, a key already present is
         kept and reported stored. May evict the least recent. ValueError, storing
         nothing, for a record that is not a whole record."""

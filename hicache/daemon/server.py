@@ -314,9 +314,7 @@ class DaemonServer:
         self._admit_write(request, nbytes)
         assert self._writer is not None
         pending = _Pending(identity, request, start, nbytes)
-        write = WriteJob(
-            request.op, keys, request.pages, pending, tenant, request.keys, bool(request.spans)
-        )
+        write = WriteJob(request.op, keys, request.pages, pending, tenant, request.keys)
         self._begin(request)
         self._writer.submit(write)
         self._in_flight += 1
@@ -351,7 +349,7 @@ class DaemonServer:
 
     def _leased(self, request: Request) -> Request:
         """A GET or PUT through a lease (NO_LEASE if unknown): a PUT's records are views
-        of its put area, which the writer copies before checking them."""
+        of its put area, written from there (its request keeps the lease alive)."""
         if self._shm is None:
             raise ProtocolError(ErrorCode.NO_LEASE, "shared memory is off (server.shm_bytes)")
         if request.op is Op.PUT and request.spans:

@@ -24,8 +24,7 @@ class WriteJob(NamedTuple):
     records: tuple[Frame, ...]  # PUT only
     token: object
     tenant: str | None = None  # picks the tenant's own store when it has a quota
-    client_keys: tuple[bytes, ...] = ()  # PUT: each record's header and checksum must match
-    copy_first: bool = False  # PUT: records are views of shared memory, copied before the check
+    client_keys: tuple[bytes, ...] = ()  # PUT: each record's header must match its key
 
 
 class WriteDone(NamedTuple):
@@ -48,14 +47,17 @@ class WriterStats(NamedTuple):
 class Writer:
     """Applies jobs in arrival order on its own thread and hands back ``WriteDone`` records.
 
-    A PUT's records are checked (header and checksum against ``client_keys``)
-    here, off the socket thread, before anything is written: a PUT with one bad
-    record stores nothing and completes ``malformed``; the others of its batch
-    commit as usual. ``submit`` and ``take_done`` may be called from any thread; ``notify`` is
-    called (on the writer thread) after each batch of completions. A failing
-    batch becomes error completions and the thread carries on (counted in
-    ``stats``). ``close`` finishes every submitted job first. The thread runs ``nice``
-    (0..19, see ``thread_priority``) below its starter's priority.
+    A PUT's records are checked (each header against its key in ``client_keys``:
+    ``check_record``, no pass over the payload) here, off the socket thread, before
+    anything is written: a PUT with one bad record stores nothing and completes
+    ``malformed``; the others of its batch commit as usual. Records are written from
+    the views they came in (received frames, or a shared-memory put area: a client
+    that writes there before its reply can only damage its own record, which its
+    first read then drops). ``submit`` and ``take_done`` may be called from any
+    thread; ``notify`` is called (on the writer thread) after each batch of
+    completions. A failing batch becomes error completions and the thread carries on
+    (counted in ``stats``). ``close`` finishes every submitted job first. The thread
+    runs ``nice`` (0..19, see ``thread_priority``) below its starter's priority.
     """
 
     def __init__(self, store: DaemonStore, notify: Callable[[], None], nice: int = 0) -> None:
@@ -121,8 +123,6 @@ class Writer:
         """The jobs whose records pass their check; the others completed as malformed."""
         kept: list[WriteJob] = []
         for job in batch:
-            if job.copy_first:  # the client can still write there: check and keep a copy
-                job = job._replace(records=tuple(bytes(record) for record in job.records))
             bad = _bad_record(job) if job.op is Op.PUT else ""
             if bad:
                 self._done.put(WriteDone(job, error=bad, malformed=True))

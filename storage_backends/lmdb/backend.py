@@ -500,10 +500,11 @@ class LmdbBackend:
         return self._put_payloads(keys, views, [None] * len(views))
 
     def put_records(self, keys: Sequence[bytes], records: Sequence[memoryview]) -> list[bool]:
-        """``put`` of whole records the caller verified (header + payload, as
-        ``trusted_records`` says): each is stored under its key with its own checksum,
-        not hashed again; the header's key becomes the store key. ValueError (nothing
-        stored) for a record that is not a whole record; as ``put`` otherwise."""
+        """``put`` of whole records as the caller framed them (header + payload, as
+        ``trusted_records`` says): each is stored under its key with its header's
+        checksum, not hashed (reads check it); the header's key becomes the store
+        key. ValueError (nothing stored) for a record that is not a whole record; as
+        ``put`` otherwise."""
         self._check_open()
         trusted = trusted_records(keys, records)
         payloads = [record.payload for record in trusted]

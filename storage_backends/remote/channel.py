@@ -46,6 +46,9 @@ class CurveKeys:
 
 
 OnReply = Callable[[int, Reply], None]  # (position of the request, its reply)
+# (position, must) -> the request to send there, built now; None: not yet (room for its
+# bytes comes with a reply), never when ``must`` (nothing is in flight).
+Prepare = Callable[[int, bool], Request | None]
 
 
 class Outcome(NamedTuple):
@@ -118,6 +121,7 @@ class Channel:
         requests: Sequence[Request],
         timeout_s: float,
         on_reply: OnReply | None = None,
+        prepare: Prepare | None = None,
     ) -> Outcome:
         """Send ``requests`` (all of ``op``; their ids are assigned here) and wait for replies.
 
@@ -125,14 +129,19 @@ class Channel:
         client stay far below its per-client budget (over it, the daemon answers BUSY).
         ``on_reply(position, reply)`` runs on this thread as each reply arrives, while
         later ones are still on their way (a GET copies its pages out meanwhile); what
-        it raises ends the exchange (the channel is then reset)."""
+        it raises ends the exchange (the channel is then reset). With ``prepare``, the
+        request sent at a position is ``prepare(position, must)``, built just before it
+        is sent (``requests`` then only count them); when it answers None, later
+        requests wait for the next reply."""
         deadline = time.monotonic() + timeout_s
         pending: dict[int, int] = {}  # request id -> position
         replies: list[Reply | None] = [None] * len(requests)
         bad = sent = 0
         while True:
             while sent < len(requests) and len(pending) < WINDOW:
-                request = requests[sent]
+                request = requests[sent] if prepare is None else prepare(sent, not pending)
+                if request is None:
+                    break
                 rid = self._take_id()
                 frames = encode_request(dataclasses.replace(request, id=rid))
                 if not self._send(frames, deadline):

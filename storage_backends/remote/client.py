@@ -30,7 +30,7 @@ from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
 from storage_backends.page_format import HEADER_BYTES, Verdict
 from storage_backends.record_arena import RecordArena
-from storage_backends.remote.channel import Channel, CurveKeys, OnReply
+from storage_backends.remote.channel import Channel, CurveKeys, OnReply, Prepare
 from storage_backends.remote.protocol import (
     ContainsReply,
     DeleteReply,
@@ -46,6 +46,7 @@ from storage_backends.remote.protocol import (
     ShmAttachReply,
     StatsReply,
 )
+from storage_backends.remote.put_frames import PutFramer
 from storage_backends.remote.shm_lease import ClientLease
 from storage_backends.scatter import (
     Runs,
@@ -418,19 +419,19 @@ class RemoteBackend:
         arena = self._arena()
         framed = [part for part, spans in zip(parts, lent, strict=True) if not spans]
         arena.start(sum(HEADER_BYTES + total(pages[i]) for part in framed for i in part))
-        requests = [
+        requests = [  # a request sent as frames gets its records as it is sent (PutFramer)
             Request(
                 Op.PUT,
                 0,
                 tuple(keys[i] for i in part),
-                () if spans else tuple(arena.encode_runs(keys[i], pages[i]) for i in part),
                 lease=lease.id if spans and lease is not None else 0,
                 spans=spans,
             )
             for part, spans in zip(parts, lent, strict=True)
         ]
         answers = _Answers(lease)
-        replies = self._send_records(arena, requests, answers.note)
+        framer = PutFramer(arena, requests, parts, keys, pages, answers.note)
+        replies = self._send_records(arena, requests, framer)
         self._settle(answers, len(requests))
         for part, reply in zip(parts, replies, strict=True):
             if reply is not None and len(reply.stored) == len(part):
@@ -542,12 +543,12 @@ class RemoteBackend:
         return arena
 
     def _send_records(
-        self, arena: RecordArena, requests: list[Request], on_reply: OnReply
+        self, arena: RecordArena, requests: list[Request], framer: PutFramer
     ) -> list[PutReply | None]:
         """The PUT exchange; the arena is dropped unless every request was answered (see
         ``record_arena``: only then has ZeroMQ surely finished sending from it)."""
         try:
-            replies = self._call(Op.PUT, requests, PutReply, on_reply)
+            replies = self._call(Op.PUT, requests, PutReply, framer.on_reply, framer.prepare)
         except BaseException:
             arena.discard()
             raise
@@ -578,13 +579,19 @@ class RemoteBackend:
             channel.close()
 
     def _call(
-        self, op: Op, requests: list[Request], kind: type[_R], on_reply: OnReply | None = None
+        self,
+        op: Op,
+        requests: list[Request],
+        kind: type[_R],
+        on_reply: OnReply | None = None,
+        prepare: Prepare | None = None,
     ) -> list[_R | None]:
         """Run ``requests`` through this thread's channel under the breaker.
 
         Returns one typed reply per request, None where the request failed
         (no answer in time, an error reply, a reply of the wrong shape);
-        ``on_reply`` sees each reply as it arrives (``Channel.exchange``).
+        ``on_reply`` sees each reply as it arrives, ``prepare`` builds each request
+        as it is sent (``Channel.exchange``).
         """
         if not requests:
             return []
@@ -594,10 +601,15 @@ class RemoteBackend:
         if admission is Admission.REFUSE:
             self._count("fast_fails", len(requests))
             return [None] * len(requests)
-        return self._exchange(op, requests, kind, on_reply)
+        return self._exchange(op, requests, kind, on_reply, prepare)
 
     def _exchange(
-        self, op: Op, requests: list[Request], kind: type[_R], on_reply: OnReply | None = None
+        self,
+        op: Op,
+        requests: list[Request],
+        kind: type[_R],
+        on_reply: OnReply | None = None,
+        prepare: Prepare | None = None,
     ) -> list[_R | None]:
         """``_call`` once admitted: the exchange, its counters and the breaker's record."""
         self._count("requests", len(requests))
@@ -606,7 +618,7 @@ class RemoteBackend:
         record: Callable[[], None] = self._breaker.record_down
         try:
             channel = self._channel()
-            outcome = channel.exchange(op, requests, self._config.timeout_s, on_reply)
+            outcome = channel.exchange(op, requests, self._config.timeout_s, on_reply, prepare)
             self._count("timeouts", outcome.timed_out)
             if outcome.timed_out:
                 self._hint_once()

@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from storage_backends.page_format import HEADER_BYTES, Verdict, encode_page, validate
 from storage_backends.record_arena import RecordArena
@@ -91,3 +94,71 @@ def test_records_of_runs_are_the_records_of_their_concatenation(
     for i, (record, payload) in enumerate(zip(records, pays, strict=True)):
         assert bytes(record) == encode_page(_key(i), payload)
         assert validate(memoryview(record), _key(i), len(payload)) is Verdict.OK
+
+
+def test_a_released_region_is_reused_once_every_earlier_one_is_released() -> None:
+    size = HEADER_BYTES + 100
+    arena = RecordArena(3 * size)
+    arena.start(10 * size)  # more than the buffer: built as replies free room
+    pays = _payloads(6, 100, 2)
+    regions = []
+    for i in range(3):
+        assert arena.fits([size])
+        arena.encode(_key(i), pays[i])
+        regions.append(arena.seal())
+    assert not arena.fits([size])  # full until a request is answered
+    arena.release(regions[1])  # out of order: its room waits for the region before it
+    assert not arena.fits([size])
+    arena.release(regions[0])
+    assert arena.fits([size, size]) and not arena.fits([size] * 3)
+    records = [arena.encode(_key(3 + i), pays[3 + i]) for i in range(2)]
+    assert all(isinstance(r, memoryview) for r in records) and arena.fresh == 0
+    assert [bytes(r) for r in records] == [encode_page(_key(3 + i), pays[3 + i]) for i in range(2)]
+
+
+class ArenaMachine(RuleBasedStateMachine):
+    """Records built, sealed into regions and released in any order: a live record's bytes
+    are never overwritten, and once every region is released the whole buffer is free."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arena = RecordArena(2048)
+        self.arena.start(1 << 20)
+        self.open: list[tuple[memoryview | bytes, bytes]] = []  # unsealed: (record, expected)
+        self.live: dict[int, list[tuple[memoryview | bytes, bytes]]] = {}
+        self.n = 0
+
+    @rule(length=st.integers(0, 700))
+    def build(self, length: int) -> None:
+        self.n += 1
+        payload = bytes((self.n + j) % 251 for j in range(length))
+        fits = self.arena.fits([HEADER_BYTES + length])
+        record = self.arena.encode(_key(self.n), memoryview(payload))
+        assert isinstance(record, memoryview) == fits
+        self.open.append((record, encode_page(_key(self.n), payload)))
+
+    @rule()
+    def seal(self) -> None:
+        self.live[self.arena.seal()] = self.open
+        self.open = []
+
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        if self.live:
+            region = data.draw(st.sampled_from(sorted(self.live)))
+            self.arena.release(region)
+            del self.live[region]
+
+    @invariant()
+    def live_records_are_intact(self) -> None:
+        for records in [self.open, *self.live.values()]:
+            assert all(bytes(record) == expected for record, expected in records)
+
+    @invariant()
+    def all_released_means_all_free(self) -> None:
+        if not self.live and not self.open:
+            assert self.arena.fits([self.arena.capacity])
+
+
+TestArenaMachine = ArenaMachine.TestCase
+TestArenaMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

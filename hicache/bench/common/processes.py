@@ -155,15 +155,20 @@ def start_daemon(
     keys: tuple[str, str] | None = None,
     extra: Sequence[str] = (),
     profile: Path | None = None,
+    label_threads: bool = False,
 ) -> ServerProcess:
     """The daemon (``config``: a TOML path, or a shipped config's name) at ``endpoint`` (default: an
     OS-picked loopback port) over the store at ``store``, metrics off, with ``extra`` flags of
     ``hicache serve``; returned once it answers a PING (sent with ``keys`` = (client key file,
     server key file) under CURVE). With ``profile``, it runs under
-    ``hicache.bench.daemon.profiler``, which writes its cProfile figures there on exit."""
-    runner = (
-        ["hicache.daemon"] if profile is None else ["hicache.bench.daemon.profiler", str(profile)]
-    )
+    ``hicache.bench.daemon.profiler``, which writes its cProfile figures there on exit; with
+    ``label_threads`` (or ``profile``) its threads carry their names for ``thread_cpu``."""
+    if profile is not None:
+        runner = ["hicache.bench.daemon.profiler", str(profile)]
+    elif label_threads:
+        runner = ["hicache.bench.daemon.threads"]
+    else:
+        runner = ["hicache.daemon"]
     argv = [sys.executable, "-m", *runner, "serve", "--config", str(config)]
     argv += ["--endpoint", endpoint, "--store", str(store), "--metrics-port", "-1", *extra]
     server = ServerProcess(argv, DAEMON_BANNER, log_path)
@@ -200,12 +205,13 @@ def serve_sets(settings: Sequence[str]) -> list[str]:
     return [arg for setting in settings for arg in ("--set", setting)]
 
 
-def start_echo(endpoint: str = "tcp://127.0.0.1:*") -> ServerProcess:
+def start_echo(endpoint: str = "tcp://127.0.0.1:*", hot: bool = False) -> ServerProcess:
     """The plain ROUTER echo (``hicache.bench.common.zmq_echo``) at ``endpoint``; it answers
-    once bound."""
+    once bound. ``hot``: its GETs send one cached page for every frame (see the module)."""
     from hicache.bench.common.zmq_echo import BANNER
 
-    return ServerProcess([sys.executable, "-m", "hicache.bench.common.zmq_echo", endpoint], BANNER)
+    argv = [sys.executable, "-m", "hicache.bench.common.zmq_echo", endpoint]
+    return ServerProcess([*argv, "--hot"] if hot else argv, BANNER)
 
 
 def process_cpu_s(pid: int) -> float:

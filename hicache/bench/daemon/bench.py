@@ -62,9 +62,19 @@ class Row:
     baseline_gbps: float
     ratio: float
     cpu_ratio: float  # echo's CPU time / the daemon path's, per byte (per call for EXISTS)
+    server_cpu_ratio: float  # the echo server's CPU / the daemon's alone, the same way
+    # CPU seconds per GiB moved (per 1,000 calls for EXISTS): client + server, server alone
+    cpu: float
+    server_cpu: float
+    echo_cpu: float
+    echo_server_cpu: float
     p50_us: float
     p99_us: float
     puts_per_commit: float  # PUT requests per group commit (PUT rows; 0 elsewhere)
+    # CPU seconds per GiB moved (per 1,000 calls for EXISTS), by thread group
+    # (``threads``): the daemon's, and the echo server's
+    threads: dict[str, float]
+    echo_threads: dict[str, float]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +108,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="write cProfile files here (default: no profiling)",
+    )
+    parser.add_argument(
+        "--echo-hot",
+        action="store_true",
+        help="the echo's GETs send one cached page for every frame (the baseline before "
+        "0.2; default: distinct pages from a ring larger than the CPU's cache)",
+    )
+    parser.add_argument(
+        "--threads",
+        action="store_true",
+        help="print each row's server CPU by thread group, daemon and echo (always in --json)",
     )
     parser.add_argument(
         "--json", type=Path, default=None, help="write the rows here (default: print only)"
@@ -146,10 +167,30 @@ def speed(timing: Timing, op: str) -> float:
     return timing.gbps if op != "EXISTS" else 1e6 / max(timing.percentile_us(50), 1e-9)
 
 
+def _work(timing: Timing, op: str) -> float:
+    """What CPU is counted per: bytes moved, or calls for EXISTS."""
+    return max(timing.nbytes if op != "EXISTS" else len(timing.latencies_s), 1)
+
+
 def cpu_cost(timing: Timing, op: str) -> float:
     """CPU seconds (client + server) per byte moved, or per call for EXISTS."""
-    work = timing.nbytes if op != "EXISTS" else len(timing.latencies_s)
-    return timing.cpu_s / max(work, 1)
+    return timing.cpu_s / _work(timing, op)
+
+
+def server_cost(timing: Timing, op: str) -> float:
+    """The server's CPU seconds per byte moved, or per call for EXISTS."""
+    return timing.server_cpu_s / _work(timing, op)
+
+
+def _unit(op: str) -> int:
+    """What CPU figures are given per: a GiB moved, or 1,000 calls for EXISTS."""
+    return (1 << 30) if op != "EXISTS" else 1000
+
+
+def per_unit(timing: Timing, op: str) -> dict[str, float]:
+    """The server's CPU by thread group, in seconds per GiB (per 1,000 calls for EXISTS)."""
+    work = _work(timing, op)
+    return {name: round(cpu * _unit(op) / work, 4) for name, cpu in timing.server_threads.items()}
 
 
 def cell_row(op: str, cell: Cell, mine: Timing, base: Timing, per_commit: float = 0.0) -> Row:
@@ -164,19 +205,32 @@ def cell_row(op: str, cell: Cell, mine: Timing, base: Timing, per_commit: float 
         baseline_gbps=base.gbps if moves else 0.0,
         ratio=speed(mine, op) / max(speed(base, op), 1e-12),
         cpu_ratio=cpu_cost(base, op) / max(cpu_cost(mine, op), 1e-15),
+        server_cpu_ratio=server_cost(base, op) / max(server_cost(mine, op), 1e-15),
+        cpu=_unit(op) * cpu_cost(mine, op),
+        server_cpu=_unit(op) * server_cost(mine, op),
+        echo_cpu=_unit(op) * cpu_cost(base, op),
+        echo_server_cpu=_unit(op) * server_cost(base, op),
         p50_us=mine.percentile_us(50),
         p99_us=mine.percentile_us(99),
         puts_per_commit=per_commit,
+        threads=per_unit(mine, op),
+        echo_threads=per_unit(base, op),
     )
 
 
 def _better(op: str, new: Timing, old: Timing | None) -> Timing:
-    """The faster of two runs (wall time), keeping the lower CPU cost of the two."""
+    """The faster of two runs (wall time), keeping the CPU figures of the leaner one (the
+    steadier figure on a shared machine), scaled to the faster run's work."""
     if old is None:
         return new
     fast = new if speed(new, op) > speed(old, op) else old
     lean = new if cpu_cost(new, op) < cpu_cost(old, op) else old
-    return fast._replace(cpu_s=lean.cpu_s * max(fast.nbytes, 1) / max(lean.nbytes, 1))
+    scale = _work(fast, op) / _work(lean, op)
+    return fast._replace(
+        cpu_s=lean.cpu_s * scale,
+        server_cpu_s=lean.server_cpu_s * scale,
+        server_threads={name: cpu * scale for name, cpu in lean.server_threads.items()},
+    )
 
 
 class Target(NamedTuple):
@@ -225,16 +279,31 @@ def cell_rows(
     return rows, missing
 
 
-def print_rows(rows: list[Row]) -> None:
+def print_rows(rows: list[Row], threads: bool = False) -> None:
+    """The rows as a table: ``cpu`` is the echo's CPU over the daemon path's (client +
+    server), ``srv`` the echo server's over the daemon's alone; with ``threads``, a line
+    per row with the daemon's and the echo's CPU by thread group (s/GiB)."""
     head = f"{'op':<7}{'via':<4}{'clients':>8}{'page':>9}{'pages':>6}{'GB/s':>8}{'echo':>8}"
-    print(f"{head}{'ratio':>7}{'cpu':>6}{'p50 µs':>9}{'p99 µs':>9}{'puts/commit':>12}")
+    print(f"{head}{'ratio':>7}{'cpu':>6}{'srv':>6}{'p50 µs':>9}{'p99 µs':>9}{'puts/commit':>12}")
     for r in rows:
         page = f"{r.page_bytes >> 10} KiB"
         print(
             f"{r.op:<7}{r.transport:<4}{r.clients:>8}{page:>9}{r.pages:>6}{r.gbps:>8.2f}"
-            f"{r.baseline_gbps:>8.2f}{r.ratio:>7.2f}{r.cpu_ratio:>6.2f}{r.p50_us:>9.0f}"
-            f"{r.p99_us:>9.0f}{r.puts_per_commit:>12.1f}"
+            f"{r.baseline_gbps:>8.2f}{r.ratio:>7.2f}{r.cpu_ratio:>6.2f}"
+            f"{r.server_cpu_ratio:>6.2f}{r.p50_us:>9.0f}{r.p99_us:>9.0f}{r.puts_per_commit:>12.1f}"
         )
+        if threads:
+            unit = "s/1k calls" if r.op == "EXISTS" else "s/GiB"
+            mine, echo = _threads_text(r.threads), _threads_text(r.echo_threads)
+            print(
+                f"    CPU {unit}: daemon {r.cpu:.3f} (client {r.cpu - r.server_cpu:.3f}, {mine})"
+                f" | echo {r.echo_cpu:.3f} (client {r.echo_cpu - r.echo_server_cpu:.3f}, {echo})"
+            )
+
+
+def _threads_text(cpu: dict[str, float]) -> str:
+    ranked = sorted(cpu.items(), key=lambda item: -item[1])
+    return " ".join(f"{name} {value:.3f}" for name, value in ranked if value > 0)
 
 
 def run_cells(
@@ -272,12 +341,17 @@ def run_transport(
             extra += ["--set", f"server.endpoint={daemon_at}"]
             extra += ["--set", f"server.shm_bytes={args.shm_mib << 20}"]
         daemon = start_daemon(
-            args.config_path, tmp / "store", daemon_at, extra=extra, profile=profile
+            args.config_path,
+            tmp / "store",
+            daemon_at,
+            extra=extra,
+            profile=profile,
+            label_threads=True,
         )
         echo_server: ServerProcess | None = None
         backend = echo = None
         try:
-            echo_server = start_echo(echo_at)
+            echo_server = start_echo(echo_at, args.echo_hot)
             config = StorageConfig(
                 backend="remote", endpoint=daemon.endpoint, timeout_s=60.0, shm=shm
             )
@@ -315,7 +389,7 @@ def run(args: argparse.Namespace) -> int:
     if profiles is not None:
         profiles.dump(str(args.profile / "client.prof"))
         print(f"profiles: {args.profile}")
-    print_rows(rows)
+    print_rows(rows, args.threads)
     print_fairness(fairness)
     if missing:
         print(f"WARNING: {missing} pages were not stored or not read back")

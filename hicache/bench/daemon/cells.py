@@ -13,15 +13,16 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
 import msgpack
 import numpy as np
 import zmq
 
-from hicache.bench.common.processes import process_cpu_s
+from hicache.bench.daemon.threads import thread_cpu
 from storage_backends.page_format import HEADER_BYTES
 from storage_backends.remote.client import chunks
 
@@ -37,12 +38,15 @@ class Cell(NamedTuple):
 
 class Timing(NamedTuple):
     """One measurement: wall time, bytes moved, per-call latencies, and the CPU time the
-    client process and the server process spent together (user + system, all threads)."""
+    client process and the server process spent together (user + system, all threads);
+    the server's alone, and by thread group (``threads.group``)."""
 
     wall_s: float
     nbytes: int
     latencies_s: list[float]
     cpu_s: float = 0.0
+    server_cpu_s: float = 0.0
+    server_threads: Mapping[str, float] = MappingProxyType({})
 
     @property
     def gbps(self) -> float:
@@ -201,7 +205,14 @@ def measure(client: Client, server_pid: int, plan: Plan, op: str, exists_calls: 
             moved[c] += sum(ok) * size
         return latencies
 
-    cpu = time.process_time() + process_cpu_s(server_pid)
+    mine, server = time.process_time(), thread_cpu(server_pid)
     timing = drive(plan.cell.clients, work)
-    cpu = time.process_time() + process_cpu_s(server_pid) - cpu
-    return timing._replace(nbytes=sum(moved), cpu_s=cpu)
+    mine, after = time.process_time() - mine, thread_cpu(server_pid)
+    threads = {name: after[name] - server.get(name, 0.0) for name in after}
+    server_cpu = sum(threads.values())
+    return timing._replace(
+        nbytes=sum(moved),
+        cpu_s=mine + server_cpu,
+        server_cpu_s=server_cpu,
+        server_threads=MappingProxyType(threads),
+    )

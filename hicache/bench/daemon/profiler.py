@@ -20,6 +20,8 @@ import threading
 import time
 from types import FrameType
 
+from hicache.bench.daemon.threads import label_this_thread
+
 logger = logging.getLogger(__name__)
 
 
@@ -43,7 +45,9 @@ class ThreadProfiles:
         return profile
 
     def _start_thread(self, _frame: FrameType, _event: str, _arg: object) -> None:
-        # threading calls this hook once in each new thread: swap it for a real profiler.
+        # threading calls this hook once in each new thread: swap it for a real profiler
+        # (and name the thread, as ``threads`` does).
+        label_this_thread()
         self._new().enable()
 
     def install(self) -> None:

@@ -1,12 +1,13 @@
 """The daemon's store: PUT/GET GB/s and daemon CPU per GiB on each store and sync level.
 
-One daemon per ``--stores`` entry (``backend:sync``, e.g. ``lmdb:full``, the old
-default, and ``disk:index``), all running at once; rounds alternate between them
+One daemon per ``--stores`` entry (``backend:sync``: by default ``disk:none``, the
+daemon's default, then ``lmdb:index``, the default up to 0.1, ``disk:index`` and
+``disk:full``), all running at once; rounds alternate between them
 (A/B/A/B), each round PUTs fresh pages through the ``remote`` backend and GETs
 them back, and the best round of each counts. The memory tier is off, so every
 GET reads the store (warm: just written, in the page cache). Ratios are against
 the first entry, measured in the same run: wall GB/s, and the daemon's own CPU
-seconds per GiB (``/proc/PID/stat``; what a loaded machine disturbs least).
+seconds per GiB (``threads.thread_cpu``; what a loaded machine disturbs least).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
-from hicache.bench.common.processes import ServerProcess, process_cpu_s, start_daemon
+from hicache.bench.common.processes import ServerProcess, start_daemon
+from hicache.bench.daemon.threads import thread_cpu
 from hicache.config.daemon import STORE_BACKENDS
 from hicache.config.flags import at_least
 from storage_backends import StorageConfig
@@ -74,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stores",
         type=store_kinds,
-        default="lmdb:full,disk:index,disk:full",
+        default="disk:none,lmdb:index,disk:index,disk:full",
         help="comma-separated BACKEND:SYNC daemons; ratios are against the first",
     )
     parser.add_argument("--page-kib", type=at_least(1), default=256, help="page size in KiB")
@@ -86,12 +88,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _cpu_s(pid: int) -> float:
+    return sum(thread_cpu(pid).values())
+
+
 def _timed(pid: int, calls: list[Callable[[], list[bool]]], nbytes: int) -> Phase:
-    cpu, start = process_cpu_s(pid), time.perf_counter()
+    cpu, start = _cpu_s(pid), time.perf_counter()
     for call in calls:
         if not all(call()):
             raise RuntimeError("a page was not stored or not read back")
-    return Phase(time.perf_counter() - start, process_cpu_s(pid) - cpu, nbytes)
+    return Phase(time.perf_counter() - start, _cpu_s(pid) - cpu, nbytes)
 
 
 def _config_text(kind: StoreKind, max_bytes: int) -> str:

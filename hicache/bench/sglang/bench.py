@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "override one field of the daemon's config (repeatable; the bench's own: "
         "store.sync=false, store.memory_bytes=1 GiB, the daemon's default store.backend), "
-        "e.g. store.backend=disk",
+        "e.g. store.backend=lmdb",
     )
     parser.add_argument(
         "--json", type=Path, help="write the rows as a JSON list here (default: print only)"

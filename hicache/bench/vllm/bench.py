@@ -83,13 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--daemon-config",
         default="daemon",
-        help="the daemon's config (shipped name or TOML; `daemon`: store.sync = index, "
-        "which fsyncs each commit of an lmdb store)",
+        help="the daemon's config (shipped name or TOML; `daemon`: a disk store, store.sync "
+        "= none, as vLLM's fs tier)",
     )
     add_daemon_set_flag(
         parser,
         "override one field of --daemon-config (repeatable; default: none), e.g. "
-        "store.backend=disk or store.sync=none",
+        "store.backend=lmdb or store.sync=index",
     )
     parser.add_argument(
         "--json", default="", help="also write the rows to this JSON file (default: print only)"

@@ -33,7 +33,7 @@ def test_store_sync_takes_the_storage_words_and_the_old_booleans(
     path = tmp_path / "daemon.toml"
     path.write_text(f"[store]\nsync = {value}\n")
     assert sync_level(DaemonConfig.from_toml(path).store.sync).value == level
-    assert DaemonConfig().store.sync == "index"  # the default: committed, not fsynced
+    assert DaemonConfig().store.sync == "none"  # the default: written and committed, no fsync
 
 
 @pytest.mark.parametrize(

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
+from hicache.config.daemon import DaemonConfig
+from storage_backends.config import SyncLevel, sync_level
 from storage_backends.remote.protocol import Op, PutReply, Request, decode_reply, encode_request
 
 from .conftest import ON_EVERY_STORE, REPLY_TIMEOUT_S, page_key, page_record
 
+SHIPPED = Path(__file__).resolve().parents[3] / "configs" / "daemon.toml"
 WINDOW = 16  # PUT requests kept in flight
 SIGTERM_TRIES = 3  # runs until one has writes in flight at the signal
 
@@ -63,6 +67,40 @@ def test_kill_9_loses_no_acknowledged_page(start_daemon, connect, tmp_path: Path
     daemon.kill9()  # with WINDOW requests in flight
     assert pipeline.sent, "requests were in flight at the kill"
     restarted = start_daemon(daemon.config_path.read_text())
+    _check_all_served(restarted, connect, pipeline.acked)
+
+
+def _shipped_config(store: Path) -> str:
+    """configs/daemon.toml as shipped, on an OS-picked port, a test store, metrics off."""
+    text = SHIPPED.read_text()
+    for line, new in (
+        ('endpoint = "tcp://127.0.0.1:5557"', 'endpoint = "tcp://127.0.0.1:0"'),
+        ('ready_file = ""', 'ready_file = "ready.json"'),
+        ('path = ""', f'path = "{store}"'),
+        ("port = 9464", "port = -1"),
+    ):
+        assert line in text, line
+        text = text.replace(line, new, 1)
+    return text
+
+
+def test_kill_9_on_the_shipped_config_loses_no_acknowledged_page(
+    start_daemon, connect, tmp_path: Path
+) -> None:
+    """The shipped durability (a disk store, nothing fsynced: the page written into the
+    page cache and its index entry committed before the ack) survives kill -9."""
+    text = _shipped_config(tmp_path / "store")
+    store = DaemonConfig.from_toml(SHIPPED).store
+    assert (store.backend, sync_level(store.sync)) == ("disk", SyncLevel.NONE)
+    assert tomllib.loads(text)["store"] == tomllib.loads(SHIPPED.read_text())["store"] | {
+        "path": str(tmp_path / "store")
+    }
+    daemon = start_daemon(text)
+    pipeline = _Pipeline(connect(daemon.endpoint), salt="dur-shipped-")
+    pipeline.run_until(acks=150)
+    daemon.kill9()
+    assert pipeline.sent, "requests were in flight at the kill"
+    restarted = start_daemon(text)
     _check_all_served(restarted, connect, pipeline.acked)
 
 

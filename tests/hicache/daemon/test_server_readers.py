@@ -76,6 +76,13 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gated]:
         gate.set()
 
 
+def into_memory(client: Client, keys: Sequence[bytes], records: Sequence[bytes]) -> None:
+    """Put pages and read them twice: the memory tier keeps a page read a second time."""
+    assert client.put(keys, records) == (True,) * len(keys)
+    for _ in range(2):
+        assert client.get(keys) == list(records)
+
+
 def send(client: Client, op: Op, request_id: int, keys: Sequence[bytes] = ()) -> None:
     client.sock.send_multipart(encode_request(Request(op, request_id, tuple(keys))))
 
@@ -94,7 +101,7 @@ def test_a_clients_later_requests_are_answered_before_a_slow_read(daemon, client
     slow, other, cached, fresh = (page_key(i) for i in range(4))
     records = [page_record(slow, 0, size=BIG), page_record(other, 1, size=BIG)]
     assert client.put([slow, other], records)
-    assert client.put([cached], [page_record(cached, 2)]) == (True,)  # the memory tier's
+    into_memory(client, [cached], [page_record(cached, 2)])
     daemon.gated.add(slow)
     send(client, Op.GET, 101, [slow])
     send(client, Op.PING, 102)
@@ -129,7 +136,7 @@ def test_reads_the_memory_tier_holds_are_answered_while_every_reader_is_busy(
     assert first.put(big, [page_record(key, i, size=BIG) for i, key in enumerate(big)])
     held = page_key(0, "small-")
     record = page_record(held, 0)
-    assert small.put([held], [record]) == (True,)
+    into_memory(small, [held], [record])
     daemon.gated.update(big)
     send(first, Op.GET, 301, big[:1])  # one per reader thread (two), both held at the gate
     send(second, Op.GET, 302, big[1:])

@@ -8,6 +8,7 @@ from pathlib import Path
 import msgpack
 
 from storage_backends.remote.protocol import (
+    ContainsReply,
     DeleteReply,
     ErrorCode,
     ErrorReply,
@@ -83,17 +84,36 @@ def test_bad_requests_get_an_error_reply(start_daemon, connect, tmp_path: Path) 
     daemon.wait_ping(client)
 
 
-def test_damaged_page_record_is_refused_and_nothing_is_stored(start_daemon, connect, pages) -> None:
+def test_a_put_record_with_a_bad_header_is_refused_and_nothing_is_stored(
+    start_daemon, connect, pages
+) -> None:
     daemon = start_daemon()
     client = connect(daemon.endpoint)
     keys, records = pages(3)
-    damaged = bytearray(records[1])
-    damaged[-1] ^= 0xFF
-    reply = client.call(Op.PUT, keys, [records[0], bytes(damaged), records[2]])
-    assert isinstance(reply, ErrorReply) and reply.code is ErrorCode.MALFORMED
     wrong_key = client.call(Op.PUT, [keys[0]], [records[1]])  # record framed for another key
     assert isinstance(wrong_key, ErrorReply) and wrong_key.code is ErrorCode.MALFORMED
+    cut = client.call(Op.PUT, keys, [records[0], records[1][:-1], records[2]])  # torn record
+    assert isinstance(cut, ErrorReply) and cut.code is ErrorCode.MALFORMED
     assert client.call(Op.EXISTS, keys) == ExistsReply(client._next_id, 0)
+
+
+@ON_EVERY_STORE
+def test_a_record_whose_checksum_lies_is_dropped_at_its_first_read_never_served(
+    start_daemon, connect, pages
+) -> None:
+    """The daemon checks a PUT's headers, not its checksums (no pass over the payload):
+    a record whose payload does not match its header's checksum is stored, and the
+    first read of it finds the damage: a miss, dropped and counted, never sent."""
+    daemon = start_daemon()
+    client = connect(daemon.endpoint)
+    keys, records = pages(3, size=4096)
+    damaged = bytearray(records[1])
+    damaged[-1] ^= 0xFF
+    assert client.put(keys, [records[0], bytes(damaged), records[2]]) == (True,) * 3
+    for _ in range(3):  # and again: what is dropped stays a miss; the memory tier never has it
+        assert client.get(keys) == [records[0], None, records[2]]
+    assert client.call(Op.CONTAINS, keys) == ContainsReply(client._next_id, (True, False, True))
+    assert daemon.stat(client, "hicache_daemon_corrupt_pages_total") == 1
 
 
 def test_writes_over_the_in_flight_bound_are_busy(
@@ -115,12 +135,14 @@ def test_stats_and_prometheus_report_the_same_counters(
     client = connect(daemon.endpoint)
     keys, records = pages(3)
     client.put(keys[:2], records[:2])
-    client.get(keys)
+    for _ in range(3):  # store hits twice (the second read caches them), then memory hits
+        client.get(keys)
     client.raw([b"\xc1"])
     stats = client.call(Op.STATS)
     assert isinstance(stats, StatsReply)
+    assert stats.stats['hicache_daemon_lookups_total{result="hit",tier="store"}'] == 4
     assert stats.stats['hicache_daemon_lookups_total{result="hit",tier="memory"}'] == 2
-    assert stats.stats['hicache_daemon_lookups_total{result="miss",tier="none"}'] == 1
+    assert stats.stats['hicache_daemon_lookups_total{result="miss",tier="none"}'] == 3
     assert stats.stats['hicache_daemon_errors_total{code="MALFORMED"}'] == 1
     assert stats.stats['hicache_daemon_requests_total{op="PUT"}'] == 1
     assert stats.stats["hicache_daemon_store_pages"] == 2

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hicache.config.daemon import StoreConfig
-from hicache.daemon.memory_lru import ENTRY_OVERHEAD, ByteLRU
+from hicache.daemon.memory_lru import ENTRY_OVERHEAD, GHOST_SPAN, MIN_GHOSTS, ByteLRU
 from hicache.daemon.record_store import OPENERS
 from hicache.daemon.store import DaemonStore, scoped_key, tenant_store_path
 from storage_backends.errors import StorageWriteError
@@ -55,11 +55,14 @@ def test_store_reads_through_memory_and_survives_reopen(store) -> None:
     keys = [scoped_key("t", key) for key in client_keys]
     s = store(memory_bytes=3 * (4096 + 56 + ENTRY_OVERHEAD))  # room for three pages
     assert s.put(keys, records) == [True] * 8
+    size = s.size()  # a PUT does not fill the memory tier
+    assert size.memory_entries == 0 and size.store_entries == 8
+    for memory_hits, store_hits in ((0, 8), (0, 8), (3, 5)):  # cached on the second read
+        lookup = s.get(keys, client_keys, 1 << 30)
+        assert [bytes(r) for r in lookup.records if r is not None] == records
+        assert (lookup.memory_hits, lookup.store_hits) == (memory_hits, store_hits)
     size = s.size()
-    assert size.memory_entries == 3 and size.memory_evictions == 5 and size.store_entries == 8
-    lookup = s.get(keys, client_keys, 1 << 30)
-    assert [bytes(r) for r in lookup.records if r is not None] == records
-    assert (lookup.memory_hits, lookup.store_hits) == (3, 5)
+    assert size.memory_entries == 3 and size.memory_evictions == 5
     assert s.exists(keys) == 8
     assert s.delete([keys[0], keys[0], scoped_key("t", b"none")]) == 1
     assert s.exists(keys) == 0
@@ -103,6 +106,17 @@ def test_lru_is_bounded_and_refuses_stale_read_through() -> None:
     assert lru.pop(b"a")
     assert not lru.put(b"a", b"x" * 100, generation)  # a delete raced this read-through
     assert lru.size().bytes_used <= 2 * (100 + ENTRY_OVERHEAD)
+
+
+def test_lru_admits_a_record_on_its_second_read_and_remembers_a_bounded_number() -> None:
+    lru = ByteLRU(capacity=MIN_GHOSTS * GHOST_SPAN)  # remembers MIN_GHOSTS keys read once
+    assert not lru.admit(b"a") and lru.admit(b"a")  # the second read admits it
+    assert not lru.admit(b"a")  # admitted keys are forgotten: a third read starts over
+    keys = [b"k%d" % i for i in range(MIN_GHOSTS + 1)]
+    assert not any(lru.admit(key) for key in keys)
+    assert not lru.admit(keys[0])  # the oldest was forgotten to stay within the bound
+    assert all(lru.admit(key) for key in keys[2:])  # the others are remembered
+    assert lru.size().entries == 0  # admitting decides; only ``put`` caches
 
 
 @ON_EVERY_STORE
@@ -205,7 +219,7 @@ def test_store_reads_land_in_the_callers_buffers_and_misses_come_back(
     records = [page_record(key, i, size=4096) for i, key in enumerate(client)]
     scoped = [scoped_key("t", key) for key in client]
     s = store(memory_bytes=1 << 20)
-    assert s.put(scoped[1:5], records[1:5]) == [True] * 4  # cached in memory too
+    assert s.put(scoped[1:5], records[1:5]) == [True] * 4  # not cached in memory
     s.close()
     s = store(memory_bytes=1 << 20)  # memory empty: every hit is a store read
     buffers = _CountingBuffers()
@@ -215,7 +229,10 @@ def test_store_reads_land_in_the_callers_buffers_and_misses_come_back(
     hits = [r for r in lookup.records if r is not None]
     assert len(buffers.lent) == 3 and all(any(r is b for b in buffers.lent) for r in hits)
     assert buffers.back == []
-    # The hits join the memory tier as copies (bytes), never the caller's reused buffers.
+    # Read again, the hits join the memory tier as copies (bytes), never the caller's
+    # reused buffers.
+    assert s.cached(scoped[1:4]) is None
+    assert s.get(scoped, client, cap, buffers=buffers).records == lookup.records
     cached = s.cached(scoped[1:4])
     assert cached is not None and cached == records[1:4]
     assert all(isinstance(r, bytes) for r in cached)

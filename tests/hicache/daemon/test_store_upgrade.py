@@ -96,9 +96,10 @@ def test_a_store_written_wrapped_is_read_mixed_with_new_records(
     store = open_store(memory_bytes=1 << 20)  # memory empty: every hit read from the store
     again = [page_record(k, 99, size=SIZE) for k in client[3:]]
     want = [*records[:3], *again]
-    lookup = store.get(scoped, client, 1 << 30, "t")
-    assert [bytes(r) if r is not None else None for r in lookup.records] == want
-    assert lookup.store_hits == 6
+    for _ in range(2):  # the second read caches them
+        lookup = store.get(scoped, client, 1 << 30, "t")
+        assert [bytes(r) if r is not None else None for r in lookup.records] == want
+        assert lookup.store_hits == 6
     # The memory tier holds what a GET sends: the records framed for the client.
     cached = store.cached(scoped)
     assert cached is not None and [bytes(r) for r in cached] == want

@@ -64,6 +64,24 @@ def read_back(backend: RemoteBackend, ids: list[int]) -> list[bytes | None]:
     return [bytes(d) if hit else None for d, hit in zip(dst, hits, strict=True)]
 
 
+def test_a_put_larger_than_the_client_s_arena_round_trips(
+    daemons: Callable[..., ServerProcess],
+) -> None:
+    """24 MiB in one call, more than a thread's record arena (16 MiB): its records are
+    built as earlier requests are answered, into the room they gave back."""
+    size = 1 << 20
+    backend = remote(daemons().endpoint)
+    try:
+        ids = list(range(24))
+        pages = [payload(i, size) for i in ids]
+        assert backend.put([key(i) for i in ids], [memoryview(p) for p in pages]) == [True] * 24
+        dst = [memoryview(bytearray(size)) for _ in ids]
+        assert backend.get([key(i) for i in ids], dst) == [True] * 24
+        assert [bytes(d) for d in dst] == pages
+    finally:
+        backend.close()
+
+
 def test_round_trip_and_batches_over_request_caps(daemons: Callable[..., ServerProcess]) -> None:
     backend = remote(daemons().endpoint)
     try:
@@ -218,22 +236,40 @@ def test_curve_keys_round_trip_and_an_unknown_key_gets_nothing(
         daemon.stop()
 
 
+def _config_on(store_backend: str, tmp_path: Path) -> Path:
+    """The shipped daemon config with ``store.backend`` set."""
+    text = DAEMON_CONFIG.read_text()
+    line = next(line for line in text.splitlines() if line.startswith("backend = "))
+    config = tmp_path / f"daemon-{store_backend}.toml"
+    config.write_text(text.replace(line, f'backend = "{store_backend}"'))
+    return config
+
+
+def _damage_the_file_holding(store: Path, data: bytes) -> None:
+    """Flip a byte of ``data`` where the store's files hold it (whichever file that is)."""
+    for path in sorted(p for p in store.rglob("*") if p.is_file()):
+        raw = bytearray(path.read_bytes())
+        at = raw.find(data)
+        if at >= 0:
+            raw[at] ^= 0xFF
+            path.write_bytes(bytes(raw))
+            return
+    raise AssertionError(f"no file under {store} holds the page")
+
+
+@pytest.mark.parametrize("store_backend", ["disk", "lmdb"])
 def test_a_page_the_daemon_found_damaged_counts_in_stats_corrupt(
-    daemons: Callable[..., ServerProcess], tmp_path: Path
+    daemons: Callable[..., ServerProcess], tmp_path: Path, store_backend: str
 ) -> None:
-    daemon = daemons()
+    config = _config_on(store_backend, tmp_path)
+    daemon = daemons(config=config)
     backend = remote(daemon.endpoint)
     try:
         pages = [memoryview(payload(1)), memoryview(payload(2))]
         assert backend.put([key(1), key(2)], pages) == [True, True]
         daemon.stop()  # a clean stop: the pages are in the store, the memory tier is gone
-        data = tmp_path / "store" / "data.mdb"
-        raw = bytearray(data.read_bytes())
-        at = raw.find(payload(1)[-64:])
-        assert at > 0
-        raw[at] ^= 0xFF
-        data.write_bytes(bytes(raw))
-        daemons(daemon.endpoint)
+        _damage_the_file_holding(tmp_path / "store", payload(1)[-64:])
+        daemons(daemon.endpoint, config)
         assert wait_until(lambda: backend.exists([key(2)]) == 1, RECOVERY_S)
         assert read_back(backend, [1, 2]) == [None, payload(2)]
         stats = backend.stats()

@@ -48,9 +48,16 @@ ROW_KEYS = {
     "baseline_gbps",
     "ratio",
     "cpu_ratio",
+    "server_cpu_ratio",
+    "cpu",
+    "server_cpu",
+    "echo_cpu",
+    "echo_server_cpu",
     "p50_us",
     "p99_us",
     "puts_per_commit",
+    "threads",
+    "echo_threads",
 }
 
 
@@ -81,7 +88,11 @@ def test_daemon_bench_reports_every_op_shape_transport_and_client_count(tmp_path
         moved = row["op"] != "EXISTS"
         assert (row["gbps"] > 0 and row["baseline_gbps"] > 0) == moved
         assert row["ratio"] > 0 and row["cpu_ratio"] > 0 and 0 < row["p50_us"] <= row["p99_us"]
+        assert row["server_cpu_ratio"] > 0 and row["cpu"] >= row["server_cpu"] > 0
         assert (row["puts_per_commit"] >= 1) == (row["op"] == "PUT")
+        # The daemon's threads are told apart (named by the bench's launcher).
+        assert {"main", "writer", "readers", "zmq-io"} <= set(row["threads"])
+        assert {"main", "zmq-io"} <= set(row["echo_threads"])
 
 
 def test_two_engines_reuse_each_other_only_through_the_daemon(tmp_path: Path) -> None:
