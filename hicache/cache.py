@@ -31,7 +31,9 @@ from hicache.observe.metrics import CacheMetrics, CacheStats
 from hicache.observe.observer import Observer
 from hicache.observe.prometheus import Gauges
 from hicache.policies.eviction import create_eviction_policy
-from hicache.policies.prefetch import create_prefetch_policy
+from hicache.policies.prefetch import StoragePlan, create_prefetch_policy
+from hicache.policies.prefetch_cost import CostSettings, PrefixParts
+from hicache.policies.rates import Clock, RatesSnapshot
 from hicache.policies.write import create_write_policy
 from hicache.tiers.host import HostTier
 from hicache.tiers.records import (
@@ -41,6 +43,7 @@ from hicache.tiers.records import (
     LoadFailed,
     LookupDone,
     PrefetchDone,
+    PrefetchState,
     PutDone,
     StorageRemoved,
     WaitTimedOut,
@@ -57,7 +60,7 @@ from hicache.tiers.results import (
     PrefetchStatus,
     UnfinishedResult,
 )
-from hicache.tiers.storage import StorageTier
+from hicache.tiers.storage import StorageTier, prefetch_outcome
 from hicache.tree.door import (
     check_count,
     check_namespace,
@@ -122,12 +125,15 @@ class HiRadixCache:
         host_pool: HostKVPool | None = None,
         transfer: TransferEngine | None = None,
         storage: StorageBackend | None = None,
+        clock: Clock = time.monotonic,
     ) -> None:
         """Pools, the transfer engine and the storage backend are built from
         ``config`` unless given (an engine passes its own device pool; tests
-        pass a fault-injecting transfer engine). A constructor that fails
-        releases everything it started (worker threads, sockets, the store)."""
+        pass a fault-injecting transfer engine, and a fake ``clock`` for the
+        prefetch budgets, deadlines and measured rates). A constructor that
+        fails releases everything it started (worker threads, sockets, the store)."""
         self._life = Lifecycle(self)
+        self._clock = clock
         try:
             self._build(config, device_pool, host_pool, transfer, storage)
         except BaseException:
@@ -158,6 +164,7 @@ class HiRadixCache:
         self.keys = NodeKeys(self.fingerprint, ps)
         self._write = create_write_policy(config.policy.write_policy)
         self._prefetch = create_prefetch_policy(config.policy.prefetch_policy)
+        self._cost = CostSettings(config.policy.cost_margin, config.policy.cost_probe_s)
         evict_policy = create_eviction_policy(config.policy.eviction)
         self.residency = ResidencyTree(ps, self.device_pool.allocator, evict_policy, self._on_split)
         self.host: HostTier | None = None
@@ -167,7 +174,7 @@ class HiRadixCache:
             self.host = HostTier(self.host_pool, engine, self.residency.tree, evict_policy)
             self._life.started(self.host.close)
         self.store = self._build_storage(storage)
-        self.observer = Observer(config, self.keys, self._gauges)
+        self.observer = Observer(config, self.keys, self._gauges, self._clock)
         self._life.started(self.observer.close)
 
     def _build_storage(self, backend: StorageBackend | None) -> StorageTier | None:
@@ -182,9 +189,9 @@ class HiRadixCache:
             guarded = open_guarded(cfg.backend, named)
         else:
             guarded = GuardedBackend(backend, None, cfg.timeout_s)
-        io = StorageIO(guarded, self.host_pool, self.config.policy.io_workers)
+        io = StorageIO(guarded, self.host_pool, self.config.policy.io_workers, self._clock)
         self._life.started(functools.partial(io.close, cfg.timeout_s))
-        return StorageTier(io, self.page_size, cfg.timeout_s)
+        return StorageTier(io, self.page_size, cfg.timeout_s, self._clock)
 
     def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:
         if self.host is not None:
@@ -562,13 +569,31 @@ class HiRadixCache:
         ``start_loading()`` once for the batch, and ``dec_lock_ref`` /
         ``cache_*_req`` on ``result.last_node`` later."""
         prefix, last, loaded = match.device_indices, match.last_device_node, 0
-        if match.host_hit_length and self.transfer is not None:
+        if match.host_hit_length and self.transfer is not None and self._worth_loading(match):
             lb = self.init_load_back(match.last_host_node, match.host_hit_length)
             if lb.loaded_tokens:
                 prefix, last = torch.cat([prefix, lb.device_indices]), lb.last_node
                 loaded = lb.loaded_tokens
         self.residency.lock(last)
         return AdmitResult(prefix, last, loaded)
+
+    def _worth_loading(self, match: MatchResult) -> bool:
+        """The prefetch policy's word on loading the host hit back (``cost``:
+        only when it arrives clearly before it could be recomputed)."""
+        bpt = self.device_pool.shape.bytes_per_token
+        parts = PrefixParts(match.device_hit_length, match.host_hit_length, 0, self.page_size, bpt)
+        return self._prefetch.plan(parts, self.observer.rates.snapshot(), self._cost).host > 0
+
+    def record_prefill(self, tokens: int, length: int, seconds: float) -> None:
+        """The engine computed ``tokens`` new tokens in one forward pass whose
+        longest request reached ``length`` tokens, in ``seconds``: the prefill
+        speed the ``cost`` policy weighs loads against. ValueError for bad figures."""
+        self.observer.rates.record_prefill(tokens, length, seconds)
+
+    def rates(self) -> RatesSnapshot:
+        """What was measured: each link's bandwidth (with its spread) and the
+        prefill speed by length (thread-safe; ``format_rates`` prints it)."""
+        return self.observer.rates.snapshot()
 
     def start_loading(self) -> None:
         """Launch every queued load-back, layer by layer: the loads the next
@@ -609,88 +634,106 @@ class HiRadixCache:
         keys = page_keys(
             self.keys.chain_from(last_host_node), namespace, key[start:aligned], self.page_size
         )
-        pin = self.host.pin(self.residency.host_chain(last_host_node))  # what the pages hang from
+        chain = self.residency.host_chain(last_host_node)
+        pin = self.host.pin(chain)  # what the pages hang from
         self._make_host_room(aligned - start)
         slots = self.host.reserve(aligned - start)
         if slots is None:
             self.host.unpin(pin)
             return 0
+        host_len, bpt = sum(len(n.key) for n in chain), self.device_pool.shape.bytes_per_token
+        parts = PrefixParts(start - host_len, host_len, aligned - start, self.page_size, bpt)
+        plan = StoragePlan(self._prefetch, parts, self.observer.rates.snapshot(), self._cost)
         min_pages = -(-threshold // self.page_size)
-        self.store.start_prefetch(request_id, key, namespace, start, keys, slots, pin, min_pages)
+        page_bytes = bpt * self.page_size
+        self.store.start_prefetch(
+            request_id, key, namespace, start, keys, slots, pin, min_pages, plan, page_bytes
+        )
         self.observer.metrics.add("prefetch_started")
         return aligned - start
 
     def check_prefetch(self, request_id: str) -> PrefetchStatus:
-        """Progress of ``request_id``'s prefetch and whether the request may
-        proceed under ``policy.prefetch_policy``; never waits. CacheError if
-        unknown."""
+        """Progress of ``request_id``'s prefetch (tokens arrived so far) and
+        whether the request may proceed under ``policy.prefetch_policy``; never
+        waits. CacheError if unknown."""
         state = self.store.prefetch(request_id) if self.store else None
         if state is None or self.store is None:
             raise CacheError(f"no prefetch for request {request_id!r}")
         if not state.done:
             self._route(self.store.poll())
-        total = len(state.keys) * self.page_size
-        policy = self.config.policy
+        policy, total = self.config.policy, len(state.keys) * self.page_size
         budget = policy.prefetch_timeout_base_s + policy.prefetch_timeout_per_1k_s * total / 1000
-        waited = time.monotonic() - state.started
-        ready = self._prefetch.ready(state.done, waited, budget)
-        return PrefetchStatus(ready, state.done, state.fetched, total)
+        return self.store.status(state, self._prefetch, budget)
 
-    def wait_prefetch(self, request_id: str) -> PrefetchStatus:
+    def wait_prefetch(self, request_id: str, timeout_s: float | None = None) -> PrefetchStatus:
         """Block until ``request_id``'s prefetch has landed and been inserted,
-        at most ``storage.timeout_s``; then the request goes on without it
-        (``ready`` and not ``done``: its pages are misses; the job still lands
-        later and is inserted then)."""
+        at most ``timeout_s`` (default and cap: ``storage.timeout_s``); after
+        the default bound the request goes on without it (``ready`` and not
+        ``done``: what had not arrived is missed; the job still lands later
+        and is inserted then). With ``timeout_s`` given, the status is the
+        policy's (``check_prefetch``)."""
         if self.store is None:
             raise CacheError(f"no prefetch for request {request_id!r}")
         job = self.store.prefetch_job(request_id)
+        bounded = timeout_s is not None
         if job is not None:
-            self._route(self.store.wait(job))
+            limit = min(timeout_s, self.store.timeout_s) if timeout_s is not None else None
+            self._route(self.store.wait(job, limit, quiet=bounded))
         status = self.check_prefetch(request_id)
-        return status if status.done else status._replace(ready=True)
+        return status if status.done or bounded else status._replace(ready=True)
 
     def release_prefetch(self, request_id: str) -> None:
-        """The request no longer waits on its prefetch (how long it waited goes
-        into the ``prefetch_wait`` histogram); a fetch still running is inserted
-        when it lands. CacheError if unknown."""
+        """The request goes on (how long it waited goes into the
+        ``prefetch_wait`` histogram). A fetch still running hands the pages
+        that have arrived to the tree now; under a policy that cuts (``cost``)
+        the rest of it stops, else it is inserted when it lands. CacheError
+        if unknown."""
         if self.store is None:
             raise CacheError(f"no prefetch for request {request_id!r}")
-        waited = time.monotonic() - self.store.prefetch(request_id).started
+        state = self.store.prefetch(request_id)
+        waited = self.observer.rates.clock() - state.started
+        if not state.done:
+            got = self.store.take_arrived(request_id, self._prefetch.cuts)
+            if got.cut:
+                self.observer.metrics.add("prefetch_cuts")
+                if got.seconds > 0:  # the cut read counts with what it moved
+                    self.observer.rates.record_s2h(got.nbytes, got.seconds)
+            self._adopt_prefetched(got.state, got.lo, got.hi)
         self.store.release(request_id)
         self.observer.latency("prefetch_wait", waited)  # prefetch() until the request went on
 
     def _finish_prefetch(self, done: PrefetchDone) -> None:
         assert self.host is not None
-        state, ps = done.state, self.page_size
-        got = done.fetched_pages * ps
+        state = done.state
+        got = max(done.fetched_pages * self.page_size, state.taken)
         self.observer.metrics.record_transfer("s2h", done.nbytes, done.ok)
-        self.observer.metrics.add(f"prefetch_{self._prefetch_outcome(done)}")
+        outcome = prefetch_outcome(done, self.page_size, self.config.policy.prefetch_threshold)
+        self.observer.metrics.add(f"prefetch_{outcome}")
+        gets = [t for t in done.timings if t.op == "get"]
+        if gets and not state.cut:  # a cut read was counted when it was cut
+            self.observer.rates.record_s2h(
+                sum(t.nbytes for t in gets), sum(t.seconds for t in gets)
+            )
         self.host.free_reserved(state.host_slots[got:])
-        slots = state.host_slots[:got]
-        graft = self.residency.graft(state.key[: state.start + got], state.namespace, state.start)
-        if graft.have < 0:  # the prefix they hang from is gone: nothing to attach to
-            self.host.free_reserved(slots)
-        else:
-            self.host.free_reserved(slots[: graft.have])
-        if graft.node is not None:
-            self.host.adopt(graft.node, slots[graft.have :])
-            self.keys.assign(graft.node, state.keys[graft.have // ps : got // ps])
-            self.observer.stored(graft.node, "host")
+        self._adopt_prefetched(state, state.taken, got)
         self.host.unpin(state.pin_id)
 
-    def _prefetch_outcome(self, done: PrefetchDone) -> str:
-        """One outcome per finished prefetch; only ``failed`` is a fault (a
-        prompt storage has never seen is a ``miss``, the healthy common case)."""
-        got = done.fetched_pages * self.page_size
-        if got:
-            return "complete" if got == done.state.host_slots.numel() else "partial"
-        if not done.ok:
-            return "failed"
-        if done.found_pages == 0:
-            return "miss"
-        if done.found_pages * self.page_size < self.config.policy.prefetch_threshold:
-            return "below_threshold"
-        return "failed"  # storage listed the pages but none could be read
+    def _adopt_prefetched(self, state: PrefetchState, lo: int, hi: int) -> None:
+        """Tokens ``[lo, hi)`` of a prefetch's reserved host slots landed: they
+        become a host-only node below what the tree holds of their prefix."""
+        if hi <= lo:
+            return
+        assert self.host is not None
+        slots, ps = state.host_slots[lo:hi], self.page_size
+        graft = self.residency.graft(
+            state.key[: state.start + hi], state.namespace, state.start + lo
+        )
+        # graft.have < 0: the prefix they hang from is gone, nothing to attach to.
+        self.host.free_reserved(slots if graft.have < 0 else slots[: graft.have])
+        if graft.node is not None:
+            self.host.adopt(graft.node, slots[graft.have :])
+            self.keys.assign(graft.node, state.keys[(lo + graft.have) // ps : hi // ps])
+            self.observer.stored(graft.node, "host")
 
     # completions -------------------------------------------------------------
     def poll(self) -> PollResult:
@@ -728,6 +771,8 @@ class HiRadixCache:
                 backups, failures = backups + rec.ok, failures + (not rec.ok)
             elif isinstance(rec, LoadDone):
                 self.observer.metrics.record_transfer("h2d", rec.nbytes, True)
+                if rec.copy_s > 0:  # the engine timed the copy itself
+                    self.observer.rates.record_h2d(rec.nbytes, rec.copy_s)
                 self.observer.latency("load_back", rec.seconds)
                 for n in rec.nodes:
                     self.observer.stored(n, "device")
@@ -841,6 +886,7 @@ class HiRadixCache:
             storage_capacity_bytes=store.capacity_bytes if store else 0,
             storage_pages=store.entries if store else 0,
             storage=store,
+            rates=self.observer.rates.snapshot(),
         )
 
     def pretty_print(self) -> str:

@@ -1,0 +1,229 @@
+"""Measured rates that the ``cost`` prefetch policy decides with (DESIGN §12).
+
+- ``BandwidthMeter``: the bytes/s one link delivers (``h2d``: host -> device
+  load-backs; ``s2h``: storage -> host reads, of one backend), a moving
+  estimate over recent completed transfers with its recent spread. The
+  estimate is the ratio of exponentially weighted bytes to exponentially
+  weighted seconds: a throughput in which each transfer counts by its size
+  and duration, so a tiny transfer's fixed overhead does not pass for a slow
+  link. A transfer cut short counts with the bytes that arrived in the time it
+  took, so a store that stalls shows up as a falling rate.
+- ``PrefillMeter``: the engine's prefill speed in tokens/s as a function of
+  the length reached, one moving estimate per power-of-two bucket of length
+  (a forward over a longer context computes each token more slowly).
+- ``Rates``: one meter per link and a prefill meter, with a clock;
+  ``snapshot()`` is the immutable view a decision reads.
+
+The clock is injected (``time.monotonic`` by default) so that tests drive
+time. Thread-safe: a meter's updates and reads hold its lock (the owner
+thread or an adapter's workers record; a Prometheus scrape reads).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+Clock = Callable[[], float]
+
+# Weight of the newest transfer in a moving estimate: after 8 transfers at a
+# new rate the estimate is within ~6% of it (0.7 ** 8), so a store that slows
+# down or speeds up is followed within a few requests.
+WEIGHT = 0.3
+# Prefill buckets: lengths up to 2**k tokens, k in [MIN_BUCKET, MAX_BUCKET].
+MIN_BUCKET, MAX_BUCKET = 4, 24
+_TINY_S = 1e-9  # a transfer reported to take no time (a fake store) still counts
+
+
+class BandwidthEstimate(NamedTuple):
+    """One link's measured bandwidth: ``bytes_per_s`` (moving estimate),
+    ``spread`` (moving standard deviation of the transfers' own rates, bytes/s),
+    ``samples`` (transfers counted), ``last_at`` (clock time of the newest)."""
+
+    bytes_per_s: float
+    spread: float
+    samples: int
+    last_at: float
+
+    def seconds_for(self, nbytes: float) -> float:
+        """Expected seconds to move ``nbytes`` at this rate."""
+        return nbytes / self.bytes_per_s if self.bytes_per_s > 0 else math.inf
+
+    @property
+    def variation(self) -> float:
+        """``spread`` relative to the rate (0: steady)."""
+        return self.spread / self.bytes_per_s if self.bytes_per_s > 0 else math.inf
+
+
+class BandwidthMeter:
+    """Moving bandwidth of one link (see the module docstring)."""
+
+    def __init__(self, weight: float = WEIGHT) -> None:
+        if not 0 < weight <= 1:
+            raise ValueError(f"weight must be in (0, 1], got {weight}")
+        self._weight = weight
+        self._lock = threading.Lock()
+        self._bytes = self._seconds = self._var = 0.0
+        self._samples = 0
+        self._last_at = 0.0
+
+    def record(self, nbytes: int, seconds: float, at: float) -> None:
+        """Count one transfer of ``nbytes`` that took ``seconds`` and ended at
+        clock time ``at``. ValueError for negative or non-finite figures; a
+        transfer of nothing in no time is ignored."""
+        if nbytes < 0 or not 0 <= seconds < math.inf:
+            raise ValueError(
+                f"a transfer needs bytes >= 0 and finite seconds >= 0: {nbytes}, {seconds}"
+            )
+        if nbytes == 0 and seconds == 0:
+            return
+        seconds = max(seconds, _TINY_S)
+        w = self._weight
+        with self._lock:
+            if self._samples == 0:
+                self._bytes, self._seconds = float(nbytes), seconds
+            else:
+                self._bytes += w * (nbytes - self._bytes)
+                self._seconds += w * (seconds - self._seconds)
+            rate, own = self._bytes / self._seconds, nbytes / seconds
+            self._var = (1 - w) * (self._var + w * (own - rate) ** 2) if self._samples else 0.0
+            self._samples += 1
+            self._last_at = at
+
+    def estimate(self) -> BandwidthEstimate | None:
+        """The current estimate, None before the first transfer."""
+        with self._lock:
+            if self._samples == 0:
+                return None
+            rate = self._bytes / self._seconds
+            return BandwidthEstimate(rate, math.sqrt(self._var), self._samples, self._last_at)
+
+
+class PrefillPoint(NamedTuple):
+    """The prefill speed measured for lengths up to ``length`` tokens."""
+
+    length: int
+    tokens_per_s: float
+    samples: int
+
+
+class PrefillMeter:
+    """Moving prefill tokens/s per power-of-two bucket of the length reached."""
+
+    def __init__(self, weight: float = WEIGHT) -> None:
+        self._buckets = [BandwidthMeter(weight) for _ in range(MIN_BUCKET, MAX_BUCKET + 1)]
+
+    def record(self, tokens: int, length: int, seconds: float, at: float) -> None:
+        """A forward pass computed ``tokens`` new tokens (all its requests'),
+        the longest request reaching ``length`` tokens, in ``seconds``.
+        ValueError for ``tokens < 1``, ``length < 1`` or a bad duration."""
+        if tokens < 1 or length < 1:
+            raise ValueError(f"a forward needs tokens >= 1 and length >= 1, got {tokens}, {length}")
+        self._buckets[bucket_of(length)].record(tokens, seconds, at)
+
+    def points(self) -> tuple[PrefillPoint, ...]:
+        """The measured buckets, shortest first."""
+        out = []
+        for i, meter in enumerate(self._buckets):
+            est = meter.estimate()
+            if est is not None:
+                out.append(PrefillPoint(1 << (i + MIN_BUCKET), est.bytes_per_s, est.samples))
+        return tuple(out)
+
+
+def bucket_of(length: int) -> int:
+    """Index of the bucket holding ``length`` tokens (lengths past the last go there)."""
+    k = max(MIN_BUCKET, math.ceil(math.log2(max(length, 1))))
+    return min(k, MAX_BUCKET) - MIN_BUCKET
+
+
+class RatesSnapshot(NamedTuple):
+    """What was measured, at clock time ``at``: per link (``h2d``, ``s2h``) the
+    bandwidth (None: nothing measured yet), the measured prefill buckets, and
+    ``prefill_fallback`` (tokens/s from config, 0: none) for when none is."""
+
+    at: float
+    h2d: BandwidthEstimate | None
+    s2h: BandwidthEstimate | None
+    prefill: tuple[PrefillPoint, ...]
+    prefill_fallback: float = 0.0
+    backend: str = ""
+
+    def prefill_tokens_per_s(self, length: int) -> float | None:
+        """Prefill speed for a forward reaching ``length`` tokens: its bucket's,
+        else the nearest measured bucket's (the longer on a tie), else the
+        config's; None when there is none."""
+        if not self.prefill:
+            return self.prefill_fallback or None
+        want = bucket_of(length)
+        best = min(self.prefill, key=lambda p: (abs(bucket_of(p.length) - want), -p.length))
+        return best.tokens_per_s
+
+    def recompute_s(self, start: int, end: int) -> float | None:
+        """Expected seconds to compute tokens ``[start, end)`` of a prompt, at
+        the speed of a forward reaching ``end``; None without a prefill rate."""
+        if end <= start:
+            return 0.0
+        rate = self.prefill_tokens_per_s(end)
+        return None if rate is None else (end - start) / rate
+
+
+class Rates:
+    """The meters of one cache or adapter. ``backend`` names the store whose
+    reads ``s2h`` measures; ``prefill_fallback`` is the config's tokens/s."""
+
+    def __init__(
+        self, clock: Clock = time.monotonic, backend: str = "", prefill_fallback: float = 0.0
+    ) -> None:
+        if prefill_fallback < 0:
+            raise ValueError(f"prefill_fallback must be >= 0, got {prefill_fallback}")
+        self.clock = clock
+        self.backend = backend
+        self.h2d = BandwidthMeter()
+        self.s2h = BandwidthMeter()
+        self.prefill = PrefillMeter()
+        self._prefill_fallback = prefill_fallback
+
+    def record_h2d(self, nbytes: int, seconds: float) -> None:
+        self.h2d.record(nbytes, seconds, self.clock())
+
+    def record_s2h(self, nbytes: int, seconds: float) -> None:
+        self.s2h.record(nbytes, seconds, self.clock())
+
+    def record_prefill(self, tokens: int, length: int, seconds: float) -> None:
+        self.prefill.record(tokens, length, seconds, self.clock())
+
+    def snapshot(self) -> RatesSnapshot:
+        return RatesSnapshot(
+            self.clock(),
+            self.h2d.estimate(),
+            self.s2h.estimate(),
+            self.prefill.points(),
+            self._prefill_fallback,
+            self.backend,
+        )
+
+
+def format_rates(snap: RatesSnapshot) -> list[str]:
+    """The snapshot as lines a person reads (as ``hicache stats`` prints a daemon's)."""
+    lines = []
+    for link, est in (("h2d", snap.h2d), (f"s2h {snap.backend}".rstrip(), snap.s2h)):
+        if est is None:
+            lines.append(f"{link:<16} not measured yet")
+            continue
+        lines.append(
+            f"{link:<16} {est.bytes_per_s / 1e6:>10.1f} MB/s  ± {est.spread / 1e6:.1f}  "
+            f"({est.samples} transfers, newest {snap.at - est.last_at:.1f} s ago)"
+        )
+    if not snap.prefill:
+        fallback = f"{snap.prefill_fallback:.0f} tokens/s (config)"
+        lines.append(
+            f"{'prefill':<16} " + (fallback if snap.prefill_fallback else "not measured yet")
+        )
+    for p in snap.prefill:
+        label = f"prefill <={p.length}"
+        lines.append(f"{label:<16} {p.tokens_per_s:>10.0f} tokens/s  ({p.samples} passes)")
+    return lines
