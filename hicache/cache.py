@@ -16,7 +16,6 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -62,16 +61,17 @@ from hicache.tiers.results import (
 )
 from hicache.tiers.storage import StorageTier, prefetch_outcome
 from hicache.tree.door import (
+    InsertArgs,
     check_count,
+    check_insert,
     check_namespace,
     check_on_path,
     check_request_id,
-    check_tail_page,
 )
 from hicache.tree.errors import CacheError
 from hicache.tree.integrity import check_tree
 from hicache.tree.paging import align_down, align_up, empty_slots
-from hicache.tree.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
+from hicache.tree.radix_tree import RadixTree, Tokens, TreeNode, as_token_list
 from host_pool import HostKVPool
 from storage_backends import StorageBackend
 from storage_backends.guard import GuardedBackend, open_guarded
@@ -92,19 +92,6 @@ Record = (
     | StorageRemoved
     | WaitTimedOut
 )
-
-
-class _Door(NamedTuple):
-    """An insert's checked arguments: the key, its whole-page length, and
-    where the slots must become the request's own (past a locked
-    ``last_node``; None when no node was locked)."""
-
-    key: Key
-    aligned: int
-    own_from: int | None
-    slots: np.ndarray  # the device slots' numpy view: cheaper slicing than torch
-    tail: np.ndarray  # the whole page under a partial last page's slots (or none)
-    last_node: TreeNode | None  # checked on the key's path: the insert's walk starts there
 
 
 class HiRadixCache:
@@ -313,36 +300,16 @@ class HiRadixCache:
         return UnfinishedResult(indices, result.last_node, result.prefix_len)
 
     def _door(
-        self,
-        tokens: Tokens,
-        slots: torch.Tensor,
-        namespace: str | None,
-        last_node: TreeNode | None = None,
-    ) -> _Door:
-        """Every check of an insert's arguments that needs no walk; a locked
-        ``last_node`` must lie on the tokens' path. That the slots past it are
-        the request's own is checked by the insert's one allocator check
-        (``own_from``), before anything but a content-neutral split changes."""
-        check_namespace(namespace)
-        key = as_token_list(tokens)
-        if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
-            raise ValueError("device_slots must be a 1-D int64 tensor")
-        if slots.numel() != len(key):
-            raise ValueError(f"{len(key)} tokens but {slots.numel()} device slots")
-        aligned = align_down(len(key), self.page_size)
-        arr = slots.numpy() if slots.is_cpu else slots.cpu().numpy()
-        tail = NO_SLOTS
-        if aligned < len(key):
-            tail = check_tail_page(arr[aligned:], self.device_pool.allocator.page_slots)
-        depth = None
-        if last_node is not None:
-            self.residency.check_node(last_node, locked=True)
-            depth = check_on_path(self.tree, last_node, key, namespace, "last_node")
-        return _Door(key, aligned, depth, arr, tail, last_node)
+        self, tokens: Tokens, slots: torch.Tensor, ns: str | None, last: TreeNode | None = None
+    ) -> InsertArgs:
+        if last is not None:
+            self.residency.check_node(last, locked=True)
+        page_of = self.device_pool.allocator.page_slots
+        return check_insert(self.tree, tokens, slots, ns, last, page_of)
 
     def _insert(
         self,
-        door: _Door,
+        door: InsertArgs,
         ns: str | None,
         tail: np.ndarray,
         finished: bool,
@@ -396,15 +363,7 @@ class HiRadixCache:
     def device_shortfall(self, num_tokens: int) -> DeviceShortfall:
         """Why ``num_tokens`` device tokens cannot be had now: what holds the
         device pool. Read-only; for error messages."""
-        pinned = sum(len(n.key) for n in self.tree.nodes() if n.host is not None and n.host_ref > 0)
-        return DeviceShortfall(
-            needed=align_up(num_tokens, self.page_size),
-            free=self.device_pool.allocator.available(),
-            locked=self.residency.protected_size(),
-            request_held=self.request_held_size(),
-            evictable=self.residency.evictable_size(),
-            host_pinned=pinned,
-        )
+        return self.residency.shortfall(align_up(num_tokens, self.page_size))
 
     def free_device(self, slots: torch.Tensor) -> None:
         """Return request-held slots (whole pages) that never reached the tree;
@@ -891,14 +850,7 @@ class HiRadixCache:
 
     def pretty_print(self) -> str:
         """The tree as indented text, one node a line."""
-        lines: list[str] = []
-        stack = [(c, 1) for c in self.tree.root.children.values()]
-        while stack:
-            node, depth = stack.pop()
-            head = node.key[: min(4, len(node.key))]
-            lines.append(f"{'  ' * depth}{node!r} ns={node.namespace!r} key={head}…")
-            stack.extend((c, depth + 1) for c in node.children.values())
-        return "\n".join(["root", *lines])
+        return self.tree.render()
 
     def check_integrity(self) -> None:
         """Assert every invariant of DESIGN §3 and each part's own ``check()``;
