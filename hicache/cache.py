@@ -655,8 +655,9 @@ class HiRadixCache:
             got = self.store.take_arrived(request_id, self._prefetch.cuts)
             if got.cut:
                 self.observer.metrics.add("prefetch_cuts")
-                if got.seconds > 0:  # the cut read counts with what it moved
-                    self.observer.rates.record_s2h(got.nbytes, got.seconds)
+                if got.seconds > 0:  # counts with what it moved (a page at least: one was due)
+                    page = self.page_size * self.device_pool.shape.bytes_per_token
+                    self.observer.rates.record_s2h(max(got.nbytes, page), got.seconds)
             self._adopt_prefetched(got.state, got.lo, got.hi)
         self.store.release(request_id)
         self.observer.latency("prefetch_wait", waited)  # prefetch() until the request went on

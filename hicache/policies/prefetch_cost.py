@@ -89,18 +89,18 @@ def choose(parts: PrefixParts, rates: RatesSnapshot, settings: CostSettings) -> 
     """The load that saves most against recomputing (see the module docstring)."""
     d, h, s = parts.device, parts.host, parts.storage
     whole = rates.recompute_s(d, d + h + s)
-    if whole is None or (h and rates.h2d is None) or (s and rates.s2h is None):
-        return load_everything(parts)  # cold start
+    if whole is None or (s and rates.s2h is None):
+        return load_everything(parts)  # cold start (an unmeasured H2D link counts as free)
     host_s = _load_s(rates.h2d, h * parts.bytes_per_token)
     read_s = _load_s(rates.s2h, s * parts.bytes_per_token)
     both_h2d_s = _load_s(rates.h2d, (h + s) * parts.bytes_per_token)
     m = settings.margin
-    saves = {
-        (0, 0): 0.0,
-        (h, 0): _recompute(rates, d, d + h) - m * host_s if h else -math.inf,
-        (h, s): whole - m * (both_h2d_s + read_s) if s else -math.inf,
-    }
-    best = max(saves.items(), key=lambda kv: (kv[1], kv[0][0] + kv[0][1]))[0]
+    candidates = [((0, 0), 0.0)]
+    if h:
+        candidates.append(((h, 0), _recompute(rates, d, d + h) - m * host_s))
+    if s:
+        candidates.append(((h, s), whole - m * (both_h2d_s + read_s)))
+    best = max(candidates, key=lambda c: (c[1], c[0][0] + c[0][1]))[0]
     if best[1]:
         return _with_deadline(LoadChoice(best[0], best[1], read_s, None, True), parts, rates, m)
     if s and rates.s2h is not None and rates.at - rates.s2h.last_at >= settings.probe_after_s:

@@ -2,12 +2,9 @@
 
 - ``BandwidthMeter``: the bytes/s one link delivers (``h2d``: host -> device
   load-backs; ``s2h``: storage -> host reads, of one backend), a moving
-  estimate over recent completed transfers with its recent spread. The
-  estimate is the ratio of exponentially weighted bytes to exponentially
-  weighted seconds: a throughput in which each transfer counts by its size
-  and duration, so a tiny transfer's fixed overhead does not pass for a slow
-  link. A transfer cut short counts with the bytes that arrived in the time it
-  took, so a store that stalls shows up as a falling rate.
+  estimate over recent completed transfers with its recent spread (see the
+  class). A transfer cut short counts with the bytes that arrived in the
+  time it took, so a store that stalls shows up as a falling rate.
 - ``PrefillMeter``: the engine's prefill speed in tokens/s as a function of
   the length reached, one moving estimate per power-of-two bucket of length
   (a forward over a longer context computes each token more slowly).
@@ -40,8 +37,9 @@ _TINY_S = 1e-9  # a transfer reported to take no time (a fake store) still count
 
 class BandwidthEstimate(NamedTuple):
     """One link's measured bandwidth: ``bytes_per_s`` (moving estimate),
-    ``spread`` (moving standard deviation of the transfers' own rates, bytes/s),
-    ``samples`` (transfers counted), ``last_at`` (clock time of the newest)."""
+    ``spread`` (its recent spread, bytes/s: the estimate times the moving
+    standard deviation of the transfers' log-rates, as a ratio), ``samples``
+    (transfers counted), ``last_at`` (clock time of the newest)."""
 
     bytes_per_s: float
     spread: float
@@ -59,14 +57,19 @@ class BandwidthEstimate(NamedTuple):
 
 
 class BandwidthMeter:
-    """Moving bandwidth of one link (see the module docstring)."""
+    """Moving bandwidth of one link: an exponentially weighted mean of the
+    transfers' log-rates (a geometric mean: a link that slows down tenfold is
+    followed as fast as one that speeds up tenfold). A transfer much smaller
+    than the recent ones counts for less (its fixed per-call cost is not the
+    link's bandwidth); an empty one (a stalled read, cut) counts fully, as a
+    byte in its time."""
 
     def __init__(self, weight: float = WEIGHT) -> None:
         if not 0 < weight <= 1:
             raise ValueError(f"weight must be in (0, 1], got {weight}")
         self._weight = weight
         self._lock = threading.Lock()
-        self._bytes = self._seconds = self._var = 0.0
+        self._log_rate = self._log_var = self._mean_bytes = 0.0
         self._samples = 0
         self._last_at = 0.0
 
@@ -75,21 +78,20 @@ class BandwidthMeter:
         clock time ``at``. ValueError for negative or non-finite figures; a
         transfer of nothing in no time is ignored."""
         if nbytes < 0 or not 0 <= seconds < math.inf:
-            raise ValueError(
-                f"a transfer needs bytes >= 0 and finite seconds >= 0: {nbytes}, {seconds}"
-            )
+            raise ValueError(f"a transfer needs bytes >= 0 and finite seconds: {nbytes}, {seconds}")
         if nbytes == 0 and seconds == 0:
             return
-        seconds = max(seconds, _TINY_S)
-        w = self._weight
+        x = math.log(max(nbytes, 1) / max(seconds, _TINY_S))
         with self._lock:
             if self._samples == 0:
-                self._bytes, self._seconds = float(nbytes), seconds
+                self._log_rate, self._mean_bytes = x, float(max(nbytes, 1))
             else:
-                self._bytes += w * (nbytes - self._bytes)
-                self._seconds += w * (seconds - self._seconds)
-            rate, own = self._bytes / self._seconds, nbytes / seconds
-            self._var = (1 - w) * (self._var + w * (own - rate) ** 2) if self._samples else 0.0
+                share = 1.0 if nbytes == 0 else min(1.0, nbytes / self._mean_bytes)
+                w = self._weight * share
+                diff = x - self._log_rate
+                self._log_rate += w * diff
+                self._log_var = (1 - w) * (self._log_var + w * diff * diff)
+                self._mean_bytes += self._weight * (max(nbytes, 1) - self._mean_bytes)
             self._samples += 1
             self._last_at = at
 
@@ -98,8 +100,9 @@ class BandwidthMeter:
         with self._lock:
             if self._samples == 0:
                 return None
-            rate = self._bytes / self._seconds
-            return BandwidthEstimate(rate, math.sqrt(self._var), self._samples, self._last_at)
+            rate = math.exp(self._log_rate)
+            spread = rate * math.expm1(math.sqrt(self._log_var))
+            return BandwidthEstimate(rate, spread, self._samples, self._last_at)
 
 
 class PrefillPoint(NamedTuple):
