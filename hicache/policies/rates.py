@@ -30,6 +30,10 @@ Clock = Callable[[], float]
 # new rate the estimate is within ~6% of it (0.7 ** 8), so a store that slows
 # down or speeds up is followed within a few requests.
 WEIGHT = 0.3
+# An estimate this old weighs half as much against a new transfer: after a
+# quiet spell (or a store judged too slow and left alone) the next transfer
+# says most of what the link does now.
+HALF_LIFE_S = 10.0
 # Prefill buckets: lengths up to 2**k tokens, k in [MIN_BUCKET, MAX_BUCKET].
 MIN_BUCKET, MAX_BUCKET = 4, 24
 _TINY_S = 1e-9  # a transfer reported to take no time (a fake store) still counts
@@ -59,17 +63,16 @@ class BandwidthEstimate(NamedTuple):
 class BandwidthMeter:
     """Moving bandwidth of one link: an exponentially weighted mean of the
     transfers' log-rates (a geometric mean: a link that slows down tenfold is
-    followed as fast as one that speeds up tenfold). A transfer much smaller
-    than the recent ones counts for less (its fixed per-call cost is not the
-    link's bandwidth); an empty one (a stalled read, cut) counts fully, as a
-    byte in its time."""
+    followed as fast as one that speeds up tenfold). Each transfer weighs
+    ``weight``, more when the estimate is old (``half_life_s``); an empty
+    one (a read cut before anything arrived) counts as a byte in its time."""
 
-    def __init__(self, weight: float = WEIGHT) -> None:
-        if not 0 < weight <= 1:
-            raise ValueError(f"weight must be in (0, 1], got {weight}")
-        self._weight = weight
+    def __init__(self, weight: float = WEIGHT, half_life_s: float = HALF_LIFE_S) -> None:
+        if not 0 < weight <= 1 or not half_life_s > 0:
+            raise ValueError(f"need 0 < weight <= 1 and half_life_s > 0: {weight}, {half_life_s}")
+        self._weight, self._half_life = weight, half_life_s
         self._lock = threading.Lock()
-        self._log_rate = self._log_var = self._mean_bytes = 0.0
+        self._log_rate = self._log_var = 0.0
         self._samples = 0
         self._last_at = 0.0
 
@@ -84,14 +87,13 @@ class BandwidthMeter:
         x = math.log(max(nbytes, 1) / max(seconds, _TINY_S))
         with self._lock:
             if self._samples == 0:
-                self._log_rate, self._mean_bytes = x, float(max(nbytes, 1))
+                self._log_rate = x
             else:
-                share = 1.0 if nbytes == 0 else min(1.0, nbytes / self._mean_bytes)
-                w = self._weight * share
+                aged = 1.0 - 0.5 ** (max(at - self._last_at, 0.0) / self._half_life)
+                w = max(self._weight, aged)
                 diff = x - self._log_rate
                 self._log_rate += w * diff
                 self._log_var = (1 - w) * (self._log_var + w * diff * diff)
-                self._mean_bytes += self._weight * (max(nbytes, 1) - self._mean_bytes)
             self._samples += 1
             self._last_at = at
 

@@ -56,13 +56,17 @@ def test_a_steady_link_has_no_spread_and_an_erratic_one_has() -> None:
     assert s.spread == pytest.approx(0, abs=1e-6) and e.variation > 0.3
 
 
-def test_transfers_count_by_size_not_by_number() -> None:
-    """A tiny transfer's fixed cost must not pass for a slow link."""
-    meter = BandwidthMeter(weight=0.5)
-    meter.record(64 * MB, 0.64, at=0)  # 100 MB/s
-    meter.record(1000, 0.001, at=1)  # 1 MB/s: a call's overhead, not the link
-    est = meter.estimate()
-    assert est is not None and est.bytes_per_s > 50 * MB
+def test_an_old_estimate_gives_way_to_a_new_transfer() -> None:
+    """After a quiet spell the next transfer says most of what the link does now."""
+    fresh, stale = BandwidthMeter(), BandwidthMeter()
+    for meter, gap in ((fresh, 0.0), (stale, 30.0)):
+        for _ in range(10):
+            meter.record(MB, 1.0, at=0.0)  # 1 MB/s
+        meter.record(MB, 0.01, at=gap)  # 100 MB/s
+    f, s = fresh.estimate(), stale.estimate()
+    assert f is not None and s is not None
+    assert f.bytes_per_s < 5 * MB  # one transfer among recent ones moves it 30% (in log)
+    assert s.bytes_per_s > 50 * MB  # three half-lives old: the new one weighs 7/8
 
 
 def test_a_stalled_transfer_lowers_the_estimate() -> None:
