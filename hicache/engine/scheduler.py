@@ -67,6 +67,7 @@ class Engine:
         self._waiting: deque[ReqState] = deque()
         self._running: list[ReqState] = []  # admitted, oldest first
         self._ids = itertools.count()
+        self._warm = False  # a forward pass has run (the first one's speed is not reported)
 
     # ------------------------------------------------------------- public
     def submit(self, request: Request) -> None:
@@ -260,10 +261,12 @@ class Engine:
             # that no later match hands out device slots whose load is unfinished.
             self.cache.drain()
             return None
-        if prefill:  # its speed is what a load of cached KV competes with
+        if prefill and self._warm:  # its speed is what a load of cached KV competes with
             tokens = sum(seg.tokens.numel() for seg in segments)
             length = max(seg.start + seg.tokens.numel() for seg in segments)
             self.cache.record_prefill(tokens, length, time.perf_counter() - start)
+        # The first pass pays one-time costs (lazy initialisation, first allocations).
+        self._warm = True
         return logits
 
     def _prefill(self, batch: list[_Chunk]) -> list[RequestOutput]:
