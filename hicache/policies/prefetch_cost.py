@@ -15,9 +15,12 @@ the longer load. Cold start (no bandwidth or prefill rate measured yet) loads
 everything, with no deadline of its own: the ``timeout`` budget bounds it.
 
 A chosen storage read gets a deadline: its expected time plus a slack for
-the rate's recent spread, never past its break-even (the time after which
-waiting costs more than recomputing). A read still running then is cut where
-it stands: the pages that arrived are used, the rest recomputed.
+the rate's recent spread, and at least its expected time plus
+``STALL_SHARE`` of the time recomputing it would take (a busy machine's
+scheduling delays must not cut a fast read: a cut then costs the whole
+recompute), never past its break-even (the time after which waiting costs
+more than recomputing). A read still running then is cut where it stands:
+the pages that arrived are used, the rest recomputed.
 
 A link measured too slow to load is measured again now and then: after
 ``probe_after_s`` without a new measurement of it, a choice of nothing reads a
@@ -37,6 +40,7 @@ from hicache.policies.rates import BandwidthEstimate, RatesSnapshot
 
 PROBE_FRACTION = 16  # a probe reads 1/16 of the storage hit (at least a page)
 JITTER_S = 0.002  # scheduling slack every deadline gets (the owner polls each tick)
+STALL_SHARE = 0.1  # a read may overrun its expected time by this share of recomputing it
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,13 @@ def break_even_s(parts: PrefixParts, rates: RatesSnapshot, storage: int) -> floa
 def _with_deadline(
     choice: LoadChoice, parts: PrefixParts, rates: RatesSnapshot, margin: float
 ) -> LoadChoice:
-    """Expected time plus slack for the rate's spread, capped at break-even."""
+    """Expected time plus slack for the rate's spread (and at least
+    ``STALL_SHARE`` of recomputing), capped at break-even."""
     assert rates.s2h is not None
     slack = max(margin - 1.0, 2.0 * min(rates.s2h.variation, 1.0))
-    deadline = choice.expected_s * (1.0 + slack) + JITTER_S
     cap = break_even_s(parts, rates, choice.storage)
+    expected = choice.expected_s
+    deadline = max(expected * (1.0 + slack) + JITTER_S, expected + STALL_SHARE * cap)
     return choice._replace(deadline_s=max(min(deadline, cap), JITTER_S))
 
 
