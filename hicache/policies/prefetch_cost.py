@@ -95,18 +95,16 @@ def choose(parts: PrefixParts, rates: RatesSnapshot, settings: CostSettings) -> 
     whole = rates.recompute_s(d, d + h + s)
     if whole is None or (s and rates.s2h is None):
         return load_everything(parts)  # cold start (an unmeasured H2D link counts as free)
-    host_s = _load_s(rates.h2d, h * parts.bytes_per_token)
-    read_s = _load_s(rates.s2h, s * parts.bytes_per_token)
-    both_h2d_s = _load_s(rates.h2d, (h + s) * parts.bytes_per_token)
-    m = settings.margin
-    candidates = [((0, 0), 0.0)]
+    bpt, m = parts.bytes_per_token, settings.margin
+    read_s = _load_s(rates.s2h, s * bpt)
+    # Candidates shortest first; a tie goes to the longer (>=).
+    best, saved = (0, 0), 0.0
     if h:
-        candidates.append(((h, 0), _recompute(rates, d, d + h) - m * host_s))
-    if s:
-        candidates.append(((h, s), whole - m * (both_h2d_s + read_s)))
-    best = max(candidates, key=lambda c: (c[1], c[0][0] + c[0][1]))[0]
-    if best[1]:
-        return _with_deadline(LoadChoice(best[0], best[1], read_s, None, True), parts, rates, m)
+        host_save = _recompute(rates, d, d + h) - m * _load_s(rates.h2d, h * bpt)
+        if host_save >= saved:
+            best, saved = (h, 0), host_save
+    if s and whole - m * (_load_s(rates.h2d, (h + s) * bpt) + read_s) >= saved:
+        return _with_deadline(LoadChoice(h, s, read_s, None, True), parts, rates, m)
     if s and rates.s2h is not None and rates.at - rates.s2h.last_at >= settings.probe_after_s:
         return _probe(LoadChoice(h, 0, 0.0, None, True), parts, rates)
     return LoadChoice(best[0], 0, 0.0, None, True)

@@ -108,18 +108,22 @@ class BandwidthMeter:
 
 
 class PrefillPoint(NamedTuple):
-    """The prefill speed measured for lengths up to ``length`` tokens."""
+    """The prefill speed measured for lengths up to ``length`` tokens
+    (``bucket``: its index, see ``bucket_of``)."""
 
     length: int
     tokens_per_s: float
     samples: int
+    bucket: int
 
 
 class PrefillMeter:
     """Moving prefill tokens/s per power-of-two bucket of the length reached."""
 
     def __init__(self, weight: float = WEIGHT) -> None:
-        self._buckets = [BandwidthMeter(weight) for _ in range(MIN_BUCKET, MAX_BUCKET + 1)]
+        self._weight = weight
+        self._lock = threading.Lock()
+        self._buckets: dict[int, BandwidthMeter] = {}  # measured ones only
 
     def record(self, tokens: int, length: int, seconds: float, at: float) -> None:
         """A forward pass computed ``tokens`` new tokens (all its requests'),
@@ -127,21 +131,28 @@ class PrefillMeter:
         ValueError for ``tokens < 1``, ``length < 1`` or a bad duration."""
         if tokens < 1 or length < 1:
             raise ValueError(f"a forward needs tokens >= 1 and length >= 1, got {tokens}, {length}")
-        self._buckets[bucket_of(length)].record(tokens, seconds, at)
+        index = bucket_of(length)
+        with self._lock:
+            meter = self._buckets.get(index)
+            if meter is None:
+                meter = self._buckets[index] = BandwidthMeter(self._weight)
+        meter.record(tokens, seconds, at)
 
     def points(self) -> tuple[PrefillPoint, ...]:
         """The measured buckets, shortest first."""
+        with self._lock:
+            measured = sorted(self._buckets.items())
         out = []
-        for i, meter in enumerate(self._buckets):
+        for i, meter in measured:
             est = meter.estimate()
             if est is not None:
-                out.append(PrefillPoint(1 << (i + MIN_BUCKET), est.bytes_per_s, est.samples))
+                out.append(PrefillPoint(1 << (i + MIN_BUCKET), est.bytes_per_s, est.samples, i))
         return tuple(out)
 
 
 def bucket_of(length: int) -> int:
     """Index of the bucket holding ``length`` tokens (lengths past the last go there)."""
-    k = max(MIN_BUCKET, math.ceil(math.log2(max(length, 1))))
+    k = max(MIN_BUCKET, (max(length, 1) - 1).bit_length())  # ceil(log2(length))
     return min(k, MAX_BUCKET) - MIN_BUCKET
 
 
@@ -163,8 +174,10 @@ class RatesSnapshot(NamedTuple):
         config's; None when there is none."""
         if not self.prefill:
             return self.prefill_fallback or None
-        want = bucket_of(length)
-        best = min(self.prefill, key=lambda p: (abs(bucket_of(p.length) - want), -p.length))
+        want, best = bucket_of(length), self.prefill[0]
+        for point in self.prefill[1:]:  # shortest first: the longer wins a tie
+            if abs(point.bucket - want) <= abs(best.bucket - want):
+                best = point
         return best.tokens_per_s
 
     def recompute_s(self, start: int, end: int) -> float | None:
@@ -191,25 +204,37 @@ class Rates:
         self.s2h = BandwidthMeter()
         self.prefill = PrefillMeter()
         self._prefill_fallback = prefill_fallback
+        # The last snapshot and the measurement count it was built at: a request
+        # reads the rates a few times, a measurement lands once per transfer.
+        self._lock = threading.Lock()
+        self._version = 0
+        self._last: tuple[int, RatesSnapshot] | None = None
 
     def record_h2d(self, nbytes: int, seconds: float) -> None:
         self.h2d.record(nbytes, seconds, self.clock())
+        self._measured()
 
     def record_s2h(self, nbytes: int, seconds: float) -> None:
         self.s2h.record(nbytes, seconds, self.clock())
+        self._measured()
 
     def record_prefill(self, tokens: int, length: int, seconds: float) -> None:
         self.prefill.record(tokens, length, seconds, self.clock())
+        self._measured()
+
+    def _measured(self) -> None:
+        with self._lock:
+            self._version += 1
 
     def snapshot(self) -> RatesSnapshot:
-        return RatesSnapshot(
-            self.clock(),
-            self.h2d.estimate(),
-            self.s2h.estimate(),
-            self.prefill.points(),
-            self._prefill_fallback,
-            self.backend,
-        )
+        """What was measured, now (built again only after a new measurement)."""
+        version, last = self._version, self._last
+        if last is not None and last[0] == version:
+            return last[1]._replace(at=self.clock())
+        h2d, s2h, prefill = self.h2d.estimate(), self.s2h.estimate(), self.prefill.points()
+        snap = RatesSnapshot(self.clock(), h2d, s2h, prefill, self._prefill_fallback, self.backend)
+        self._last = (version, snap)  # built after reading ``version``: never newer than it says
+        return snap
 
 
 def format_rates(snap: RatesSnapshot) -> list[str]:
