@@ -1,5 +1,6 @@
 """Storage tier: the StorageBackend protocol, a registry and the backends."""
 
+from storage_backends import _moved
 from storage_backends.base import StorageBackend, StorageStats
 from storage_backends.config import BACKENDS, StorageConfig
 from storage_backends.errors import (
@@ -9,6 +10,8 @@ from storage_backends.errors import (
     StorageOpenError,
 )
 from storage_backends.registry import create
+
+_moved.install()  # old module paths keep working for one release, with a warning
 
 __all__ = [
     "BACKENDS",

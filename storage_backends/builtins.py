@@ -11,10 +11,10 @@ BUILTIN_BACKENDS: MappingProxyType[str, str] = MappingProxyType(
     {
         "memory": "storage_backends.memory:MemoryBackend",
         "disk": "storage_backends.disk:DiskBackend",
-        "lmdb": "storage_backends.lmdb_backend:LmdbBackend",
-        "file": "storage_backends.file_backend:FileBackend",
-        "redis": "storage_backends.redis_backend:RedisBackend",
-        "mooncake": "storage_backends.mooncake_backend:MooncakeBackend",
+        "lmdb": "storage_backends.lmdb.backend:LmdbBackend",
+        "file": "storage_backends.file.backend:FileBackend",
+        "redis": "storage_backends.redis.backend:RedisBackend",
+        "mooncake": "storage_backends.mooncake.backend:MooncakeBackend",
         "remote": "storage_backends.remote.client:RemoteBackend",
     }
 )

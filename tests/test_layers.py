@@ -177,6 +177,24 @@ def test_no_import_cycle_spans_two_rows() -> None:
         assert len({row_of(m, rows) for m in component}) == 1, component
 
 
+def test_each_backend_and_each_benchmark_suite_is_a_row_of_its_own() -> None:
+    """A sub-package of ``storage_backends`` or ``hicache.bench`` (a backend, the store tools, a
+    suite, the benches' shared helpers) has its own row, so what it may import is written down."""
+    rows = _map()
+    for top in ("storage_backends", "hicache/bench"):
+        for init in sorted((REPO / top).glob("*/__init__.py")):
+            package = ".".join(init.parent.relative_to(REPO).parts)
+            assert package in rows, f"{package} has no row in docs/architecture.md"
+
+
+def test_no_import_cycle_among_the_benchmarks() -> None:
+    """Not even through an import inside a function: a piece two bench modules share lives in a
+    module below both (``tiering.serving``, ``storage.pages``, ``sglang.l3``, ``common``)."""
+    cycles_ = module_cycles(REPO, top_only=False)
+    found = [c for c in cycles_ if any(m.startswith("hicache.bench.") for m in c)]
+    assert found == []
+
+
 def test_an_upward_import_fails_the_check(tmp_path: Path) -> None:
     """The checker itself: a lower package importing a higher one is caught, in a
     function too; the same import the map allows passes."""

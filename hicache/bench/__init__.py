@@ -6,8 +6,11 @@ picks the cache config a benchmark reads (``--set`` changes one key); a
 ``--set`` key that a benchmark would ignore is refused.
 """
 
-# For developers: each benchmark is a module exposing ``add_arguments(parser)``
-# and ``run(args) -> int``; its docstring's first line is its help. The table
+# For developers: each suite is a sub-package (``tiering/``, ``storage/``, ...;
+# helpers two suites share in ``common/``), and each benchmark a module of it
+# (``<suite>/bench.py``, or ``storage/store_open.py``, ``daemon/store.py``)
+# exposing ``add_arguments(parser)`` and ``run(args) -> int``; its docstring's
+# first line is its help. The table
 # below says, per benchmark, the optional packages it needs (checked before it
 # runs, with a hint to install the extra), which config keys it reads, and
 # which kind of config its ``--config`` takes. A benchmark's module is imported
@@ -43,17 +46,17 @@ BENCH_EXTRA = "hicache[bench]"
 BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
     {
         "tiering": Benchmark(
-            "hicache.bench.tiering",
+            "hicache.bench.tiering.bench",
             extras=("tqdm", "matplotlib"),
             ignores=("storage.path",),
         ),
         "tree": Benchmark(
-            "hicache.bench.tree",
+            "hicache.bench.tree.bench",
             extras=("tqdm",),
             reads=("device.page_size", "device.num_tokens", "policy.eviction"),
         ),
         "transfer": Benchmark(
-            "hicache.bench.transfer",
+            "hicache.bench.transfer.bench",
             reads=(),
             flags=MappingProxyType(
                 {
@@ -68,15 +71,15 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
             ),
         ),
         "storage": Benchmark(
-            "hicache.bench.storage",
+            "hicache.bench.storage.bench",
             reads=(),
             flags=MappingProxyType(
                 {"storage.backend": "--backend", "storage.endpoint": "--endpoint"}
             ),
         ),
-        "storage-open": Benchmark("hicache.bench.store_open", reads=()),
+        "storage-open": Benchmark("hicache.bench.storage.store_open", reads=()),
         "engine": Benchmark(
-            "hicache.bench.engine",
+            "hicache.bench.engine.bench",
             ignores=(
                 "host.enabled",
                 "host.reserve_gb",
@@ -88,14 +91,14 @@ BENCHMARKS: MappingProxyType[str, Benchmark] = MappingProxyType(
             ),
         ),
         "daemon": Benchmark(
-            "hicache.bench.daemon",
+            "hicache.bench.daemon.bench",
             reads=("server.", "store.", "limits."),  # passed on to the daemon it starts
             ignores=("server.endpoint", "server.ready_file", "store.path"),
             configs=DAEMON,
         ),
-        "daemon-store": Benchmark("hicache.bench.daemon_store", reads=(), configs=DAEMON),
-        "vllm": Benchmark("hicache.bench.vllm", reads=()),
-        "sglang": Benchmark("hicache.bench.sglang", reads=()),
+        "daemon-store": Benchmark("hicache.bench.daemon.store", reads=(), configs=DAEMON),
+        "vllm": Benchmark("hicache.bench.vllm.bench", reads=()),
+        "sglang": Benchmark("hicache.bench.sglang.bench", reads=()),
     }
 )
 

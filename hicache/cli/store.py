@@ -23,7 +23,7 @@ from hicache.config.flags import add_config_flags, add_lazy_commands
 
 if TYPE_CHECKING:
     from hicache.config.cache import CacheConfig
-    from storage_backends.inspect import StoreSummary
+    from storage_backends.tools.inspect import StoreSummary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +76,7 @@ def model_line(summary: StoreSummary, config: CacheConfig) -> str:
 
 def run_inspect(args: argparse.Namespace) -> int:
     """What a store holds: pages, bytes, page sizes, fingerprint, model."""
-    from storage_backends.inspect import summarize
+    from storage_backends.tools.inspect import summarize
 
     s = summarize(args.path)
     if args.json:
@@ -94,7 +94,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     """A checksum pass over every page of a store; exit 1 if any is damaged."""
-    from storage_backends.inspect import verify
+    from storage_backends.tools.inspect import verify
 
     result = verify(args.path)
     if args.json:
@@ -110,7 +110,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def run_migrate(args: argparse.Namespace) -> int:
     """Convert an LMDB store into a disk store (damaged pages skipped and counted)."""
-    from storage_backends.migrate import MigrateError, migrate
+    from storage_backends.tools.migrate import MigrateError, migrate
 
     try:
         result = migrate(args.path, args.to, max(args.max_bytes, 0))

@@ -17,7 +17,7 @@ from typing import Protocol
 from storage_backends.base import StorageStats
 from storage_backends.config import StorageConfig
 from storage_backends.disk import DiskBackend
-from storage_backends.lmdb_backend import LmdbBackend
+from storage_backends.lmdb.backend import LmdbBackend
 from storage_backends.store_kind import as_found
 
 logger = logging.getLogger(__name__)

@@ -182,7 +182,7 @@ class DaemonServer:
             logger.warning("listening on %s without CURVE: any client that reaches it", endpoint)
         if self._config.server.ready_file:  # first: once the banner is logged, the file is there
             _write_ready_file(Path(self._config.server.ready_file), bound)
-        # hicache.bench.processes reads the endpoint from this line: keep its wording.
+        # hicache.bench.common.processes reads the endpoint from this line: keep its wording.
         metrics_text = "metrics off" if port is None else f"metrics on {metrics.host}:{port}"
         logger.info("hicache daemon listening on %s (%s)", endpoint, metrics_text)
         return bound

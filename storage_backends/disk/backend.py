@@ -27,7 +27,7 @@ from storage_backends.disk.reads import DiskReads
 from storage_backends.disk.segments import SegmentFiles, check_direct_io
 from storage_backends.disk.writes import DiskWrites, FaultHook
 from storage_backends.errors import StorageClosedError, StoreDamagedError
-from storage_backends.lmdb_check import check_store
+from storage_backends.lmdb.check import check_store
 from storage_backends.log_limit import LogLimiter
 from storage_backends.recency import PendingTouches
 from storage_backends.store_dir import prepare_store_dir, quarantine_store

@@ -36,7 +36,7 @@ from storage_backends.disk.layout import (
 )
 from storage_backends.disk.room import KeyReader, Room, no_reader
 from storage_backends.errors import StorageOpenError, StoreDamagedError
-from storage_backends.lmdb_env import DAMAGE_ERRORS, open_env, raise_if_damage
+from storage_backends.lmdb.env import DAMAGE_ERRORS, open_env, raise_if_damage
 from storage_backends.page_format import HEADER_BYTES
 from storage_backends.store_dir import StoreMeta, reconcile_meta, stored_fingerprint
 

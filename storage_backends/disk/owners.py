@@ -2,7 +2,7 @@
 
 Every process holding the store open keeps a shared ``flock`` on ``owners.lock``.
 The opener that can take it exclusively is alone: it decides whether the index
-needs its structural check (a child-process walk, ``lmdb_check``) and removes the
+needs its structural check (a child-process walk, ``storage_backends.lmdb.check``) and removes the
 clean-close marker; the closer that can take it exclusively is the last one, and
 writes the marker after the index is synced. The marker records the index file's
 size, mtime and inode, so an index changed behind the marker's back (restored,

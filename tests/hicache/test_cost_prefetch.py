@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hicache.tiers.storage as storage_tier
-from hicache.bench.throttle import ThrottledBackend
+from hicache.bench.engine.throttle import ThrottledBackend
 from hicache.cache import HiRadixCache
 from hicache.config.cache import CacheConfig, DeviceConfig, HostConfig, ModelConfig, PolicyConfig
 from storage_backends import StorageConfig

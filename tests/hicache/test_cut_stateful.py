@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import initialize, precondition, rule
 
 import hicache.tiers.storage as storage_tier
-from hicache.bench.throttle import ThrottledBackend
+from hicache.bench.engine.throttle import ThrottledBackend
 from hicache.cache import HiRadixCache
 from hicache.config.cache import CacheConfig, DeviceConfig, HostConfig, ModelConfig, PolicyConfig
 from hicache.factory import build_device_pool, build_host_pool

@@ -10,6 +10,7 @@ import warnings
 import pytest
 
 from hicache import _moved
+from storage_backends._moved import new_name
 
 
 def _fresh(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,7 +22,12 @@ def _fresh(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_an_old_path_warns_and_is_the_module_at_its_new_path(
     old: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    new = importlib.import_module(_moved.MOVED[old])
+    try:
+        new = importlib.import_module(_moved.MOVED[old])
+    except ModuleNotFoundError as exc:  # a third-party stack it loads only with stand-ins
+        if (exc.name or "").split(".")[0] in {"hicache", "storage_backends"}:
+            raise
+        pytest.skip(f"{_moved.MOVED[old]} does not import on its own here: {exc}")
     _fresh(old, monkeypatch)
     with pytest.warns(DeprecationWarning, match=_moved.MOVED[old]):
         module = importlib.import_module(old)
@@ -44,10 +50,17 @@ def test_public_names_and_paths_that_became_packages_need_no_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         from hicache import CacheConfig, HiRadixCache, InsertResult, MatchResult, extend_key
+        from hicache.bench.sglang import Geometry
+        from hicache.bench.storage import open_target
+        from hicache.bench.tiering import TierReport, build_trace
         from hicache.cli import main
         from hicache.config import CacheConfig as config_cls
         from hicache.events import BlockStored
         from storage_backends.remote import RemoteBackend
+    from hicache.bench.sglang.l3 import Geometry as geometry
+    from hicache.bench.storage.targets import open_target as opener
+    from hicache.bench.tiering.bench import build_trace as builder
+    from hicache.bench.tiering.serving import TierReport as report
     from hicache.cache import HiRadixCache as cache_cls
     from hicache.cli.app import main as app_main
     from hicache.config.cache import CacheConfig as cache_config
@@ -61,10 +74,11 @@ def test_public_names_and_paths_that_became_packages_need_no_warning() -> None:
         *[cache_config] * 2,
     )
     assert (BlockStored, RemoteBackend, extend_key) == (stored, client, extend)
+    assert (Geometry, open_target, TierReport, build_trace) == (geometry, opener, report, builder)
     assert MatchResult.__name__ == "MatchResult" and InsertResult.__name__ == "InsertResult"
 
 
 def test_a_path_that_never_existed_still_fails() -> None:
-    assert _moved.new_name("hicache.no_such_module") is None
+    assert new_name("hicache.no_such_module", _moved.MOVED) is None
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("hicache.no_such_module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.bench.processes import ServerProcess, start_daemon
+from hicache.bench.common.processes import ServerProcess, start_daemon
 from hicache.cache import HiRadixCache
 from storage_backends import StorageConfig
 from tests.hicache.helpers import serve, two_tier

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from storage_backends import StorageBackend, StorageConfig, create
-from storage_backends.mooncake_local import (
+from storage_backends.mooncake.local import (
     LocalMooncake,
     MooncakeUnavailableError,
     mooncake_binaries,
 )
-from storage_backends.redis_cluster import (
+from storage_backends.redis.cluster import (
     ClusterOptions,
     LocalRedisCluster,
     RedisUnavailableError,

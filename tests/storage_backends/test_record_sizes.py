@@ -9,7 +9,7 @@ import pytest
 
 from storage_backends import StorageConfig
 from storage_backends.disk import DiskBackend
-from storage_backends.lmdb_backend import LmdbBackend
+from storage_backends.lmdb.backend import LmdbBackend
 
 
 @pytest.mark.parametrize("kind", [LmdbBackend, DiskBackend])

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from storage_backends import StorageBackend
-from storage_backends import file_backend as file_backend_module
+from storage_backends.file import backend as file_backend_module
 from storage_backends.page_format import HEADER_BYTES
 
 if TYPE_CHECKING:

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 import pytest
 from redis.cluster import RedisCluster
 
-from hicache.bench.processes import ServerProcess, start_daemon
+from hicache.bench.common.processes import ServerProcess, start_daemon
 from storage_backends import StorageBackend, StorageConfig, create
 from storage_backends.builtins import BUILTIN_BACKENDS
-from storage_backends.redis_backend import key_prefix
+from storage_backends.redis.backend import key_prefix
 from storage_backends.remote import REQUEST_BYTES, REQUEST_KEYS
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from redis.cluster import RedisCluster
 
 from storage_backends import StorageBackend, StorageConfig
 from storage_backends.page_format import HEADER_BYTES
-from storage_backends.redis_backend import key_prefix
+from storage_backends.redis.backend import key_prefix
 
 if TYPE_CHECKING:
     from conftest import MakeBackend, Pages, StoreConfig

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hicache.bench.processes import start_daemon
+from hicache.bench.common.processes import start_daemon
 from storage_backends import StorageBackend, StorageConfig
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage_backends import StorageBackend, StorageConfig, create
-from storage_backends.redis_cluster import LocalRedisCluster
+from storage_backends.redis.cluster import LocalRedisCluster
 
 
 class Op(NamedTuple):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from storage_backends import StorageBackend, StorageConfig, create
-from storage_backends.file_backend import FileBackend
-from storage_backends.lmdb_backend import LmdbBackend
+from storage_backends.file.backend import FileBackend
+from storage_backends.lmdb.backend import LmdbBackend
 from storage_backends.memory import MemoryBackend
 
 
@@ -40,6 +40,6 @@ def test_importing_the_package_does_not_import_backends() -> None:
     code = (
         "import sys, storage_backends\n"
         "assert 'lmdb' not in sys.modules, 'lmdb imported eagerly'\n"
-        "assert 'storage_backends.file_backend' not in sys.modules\n"
+        "assert 'storage_backends.file.backend' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -12,7 +12,7 @@ import xxhash
 
 from storage_backends import StorageConfig
 from storage_backends.disk import DiskBackend
-from storage_backends.lmdb_backend import LmdbBackend
+from storage_backends.lmdb.backend import LmdbBackend
 from storage_backends.page_format import HEADER_BYTES, Verdict, encode_page, validate
 from storage_backends.trusted_records import rekey
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hicache.bench import transfer as bench
+from hicache.bench.transfer import bench
 
 
 def test_transfer_bench_writes_one_result_per_direction_layout_and_page(tmp_path: Path) -> None:

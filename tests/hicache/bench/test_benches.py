@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 import hicache
-from hicache.bench import tiering
-from hicache.bench.workloads import (
+from hicache.bench.common.workloads import (
     FewShotSpec,
     LongDocSpec,
     MultiTurnSpec,
@@ -19,6 +18,7 @@ from hicache.bench.workloads import (
     longdoc,
     multiturn,
 )
+from hicache.bench.tiering import bench as tiering
 from hicache.cli import main
 
 SMALL = """

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import pytest
 import zmq
 
-from hicache.bench.processes import DAEMON_BANNER, ServerProcess
+from hicache.bench.common.processes import DAEMON_BANNER, ServerProcess
 from hicache.config.daemon import STORE_BACKENDS, DaemonConfig
 from hicache.daemon.record_store import OPENERS
 from hicache.daemon.server import DaemonServer
@@ -131,7 +131,7 @@ class Client:
 
 class Daemon:
     """A ``python -m hicache.daemon serve`` subprocess, started as the benches
-    start one (``hicache.bench.processes.ServerProcess``: bound once it logs
+    start one (``hicache.bench.common.processes.ServerProcess``: bound once it logs
     its endpoint, which it does after writing its ready file); stopped by PID."""
 
     def __init__(self, workdir: Path, config: str, log_name: str = "daemon.log") -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.bench.processes import DAEMON_BANNER, ServerProcess, wait_ping
+from hicache.bench.common.processes import DAEMON_BANNER, ServerProcess, wait_ping
 from hicache.cli import main as hicache_main
 from hicache.config.daemon import DaemonConfig
 from hicache.daemon.cli import main as daemon_main

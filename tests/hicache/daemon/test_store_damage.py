@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from storage_backends.lmdb_pages import walk_pages
+from storage_backends.lmdb.pages import walk_pages
 from storage_backends.remote.protocol import Op
 
 from .conftest import daemon_toml

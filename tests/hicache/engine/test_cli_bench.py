@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 import pytest
 
-from hicache.bench import engine as bench
+from hicache.bench.engine import bench
 from hicache.config.cache import CacheConfig
 from hicache.engine.__main__ import main
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 import hicache.tiers.storage as storage_tier
-from hicache.bench.throttle import ThrottledBackend
+from hicache.bench.engine.throttle import ThrottledBackend
 from hicache.cache import HiRadixCache
 from hicache.engine import Engine, EngineOptions, RequestOutput, TinyLlama
 from hicache.policies.prefetch import PREFETCH_POLICIES

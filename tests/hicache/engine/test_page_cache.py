@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hicache.bench.page_cache import RESIDENT_TOLERANCE, drop_page_cache, resident_bytes
+from hicache.bench.common.page_cache import RESIDENT_TOLERANCE, drop_page_cache, resident_bytes
 
 
 def test_drop_reports_what_it_measured(tmp_path: Path) -> None:

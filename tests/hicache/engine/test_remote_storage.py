@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hicache.bench.processes import ServerProcess, start_daemon
+from hicache.bench.common.processes import ServerProcess, start_daemon
 from hicache.cache import HiRadixCache
 from hicache.engine import RequestOutput
 from storage_backends.guard import GuardedBackend

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from storage_backends.redis_cluster import (
+from storage_backends.redis.cluster import (
     ClusterOptions,
     LocalRedisCluster,
     RedisUnavailableError,

@@ -17,7 +17,7 @@ import storage_backends.disk.backend as disk_backend
 from storage_backends import StorageBackend, StorageConfig, create
 from storage_backends.disk.layout import INDEX_DIR
 from storage_backends.disk.scan import RecordPlace, locate
-from storage_backends.lmdb_check import CheckResult, check_store
+from storage_backends.lmdb.check import CheckResult, check_store
 from storage_backends.page_format import HEADER_BYTES
 
 SIZE = 8192

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.bench.processes import ServerProcess, start_daemon
+from hicache.bench.common.processes import ServerProcess, start_daemon
 from storage_backends import StorageConfig, create
 from storage_backends.base import ScatterGet
 from storage_backends.remote.client import RemoteBackend

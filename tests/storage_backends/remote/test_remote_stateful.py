@@ -16,7 +16,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from hicache.bench.processes import ServerProcess, start_daemon
+from hicache.bench.common.processes import ServerProcess, start_daemon
 from hicache.daemon.oneshot import call
 from storage_backends import StorageConfig, create
 from storage_backends.remote.client import RemoteBackend

@@ -11,7 +11,7 @@ those submodules import are in requirements/engine-deps.txt; triton (GPU-only)
 is stood in for by an empty module.
 
 Fixtures start their servers themselves (a daemon through
-``hicache.bench.processes``, on OS-picked loopback ports) and stop them by PID.
+``hicache.bench.common.processes``, on OS-picked loopback ports) and stop them by PID.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.bench.processes import ServerProcess, start_daemon
+from hicache.bench.common.processes import ServerProcess, start_daemon
 from hicache.integrations.sglang_cpu import enter_sglang
 from storage_backends.remote.keys import keygen
 

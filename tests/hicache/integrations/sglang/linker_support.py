@@ -6,13 +6,13 @@ needed; none of them replaces SGLang's logic):
    the client front-end), as every SGLang test here does (conftest).
 2. Empty modules for ``triton``, ``tvm_ffi`` and ``torchvision`` while SGLang's tree
    modules are imported (GPU kernels, CUDA all-reduce, image models):
-   ``hicache.bench.sglang_trees.unused_imports_stubbed``, through ``SglangModules``.
+   ``hicache.bench.tree.sglang_trees.unused_imports_stubbed``, through ``SglangModules``.
 3. Server args through SGLang's own ``get_context().override_server_args(...)``,
    kept installed for a server's life (``UnifiedServer``).
 4. ``TpWorker``: what ``registry.create_unified_radix_cache`` asks of a tp worker
    (``model_runner.forward_stream``, ``register_hicache_layer_transfer_counter``).
 
-The driver itself (``hicache.bench.sglang_linker``) is shared with the bench.
+The driver itself (``hicache.bench.sglang.linker``) is shared with the bench.
 On CPU SGLang's ``get_device_module()`` is ``torch.cpu``, whose events are no-ops.
 
 Not a stand-in: SGLang hashes pages with a C++ extension it compiles on first use
@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hicache.bench.sglang_linker import SglangModules, TpWorker, UnifiedServer
+from hicache.bench.sglang.linker import SglangModules, TpWorker, UnifiedServer
 
 __all__ = ["STOOD_IN", "SglangModules", "TpWorker", "UnifiedServer", "sglang_modules"]
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hicache.bench import sglang as bench
-from hicache.bench.processes import ServerProcess
+from hicache.bench.common.processes import ServerProcess
+from hicache.bench.sglang import bench
 from hicache.cli import main
 
 TINY = bench.Geometry(pages=4, page_size=4, layers=2, heads=1, head_dim=8, layout="page_first")
@@ -31,7 +31,7 @@ def test_each_target_reports_set_and_get(
 def test_bench_is_registered() -> None:
     from hicache.bench import BENCHMARKS, load
 
-    assert BENCHMARKS["sglang"].module == "hicache.bench.sglang"
+    assert BENCHMARKS["sglang"].module == "hicache.bench.sglang.bench"
     assert load("sglang") is bench
 
 

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hicache.bench.processes import ServerProcess
+from hicache.bench.common.processes import ServerProcess
 from hicache.integrations.sglang_cpu import Controller, HostPool, chain_hashes
 from tests.hicache.integrations.sglang.helpers import (
     lmdb_extra,

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from hicache.bench.sglang_linker import Fetched, Shape
+from hicache.bench.sglang.linker import Fetched, Shape
 from hicache.integrations.sglang_cpu import HostPool, sglang_root
 from tests.hicache.integrations.sglang import stuck_store
 from tests.hicache.integrations.sglang.conftest import StartDaemon
@@ -241,8 +241,8 @@ def test_each_stand_in_is_still_needed(sg: SglangModules) -> None:
 
 
 def test_bench_rows_put_the_linker_against_the_l3_path(sg: SglangModules, tmp_path: Path) -> None:
-    from hicache.bench import sglang as bench
-    from hicache.bench import sglang_linker_rows
+    from hicache.bench.sglang import bench
+    from hicache.bench.sglang import linker_rows as sglang_linker_rows
 
     tiny = bench.Geometry(pages=4, page_size=4, layers=2, heads=1, head_dim=8, layout="page_first")
     rows = sglang_linker_rows.measure(tiny, tmp_path, repeat=1)

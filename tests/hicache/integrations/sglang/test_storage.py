@@ -15,7 +15,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolName, PoolTransfer
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-from hicache.bench.processes import ServerProcess
+from hicache.bench.common.processes import ServerProcess
 from hicache.integrations.sglang import HicacheStorage
 from hicache.integrations.sglang_cpu import Controller, HostPool, chain_hashes
 from tests.hicache.integrations.sglang.helpers import (

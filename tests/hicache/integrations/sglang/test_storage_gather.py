@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hicache.bench.processes import ServerProcess
+from hicache.bench.common.processes import ServerProcess
 from hicache.integrations.sglang_cpu import HostPool, chain_hashes
 from tests.hicache.integrations.sglang.helpers import DYNAMIC, lmdb_extra, ours, remote_extra
 

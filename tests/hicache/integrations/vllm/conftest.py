@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.bench.processes import ServerProcess, start_daemon
+from hicache.bench.common.processes import ServerProcess, start_daemon
 from hicache.integrations.vllm_cpu import enter_vllm
 
 enter_vllm()

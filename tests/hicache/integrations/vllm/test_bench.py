@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.bench.processes import daemon_setting
+from hicache.bench.common.processes import daemon_setting
 from hicache.cli import main
 from storage_backends.store_kind import detect
 

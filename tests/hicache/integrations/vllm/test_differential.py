@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm.v1.kv_offload.base import LookupResult
 
-from hicache.bench.processes import ServerProcess
+from hicache.bench.common.processes import ServerProcess
 from hicache.integrations.vllm_cpu import (
     PrimaryBuffer,
     TierDriver,

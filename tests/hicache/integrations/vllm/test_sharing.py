@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vllm.v1.kv_offload.base import LookupResult
 
-from hicache.bench.processes import ServerProcess
+from hicache.bench.common.processes import ServerProcess
 from hicache.integrations.vllm_cpu import (
     PrimaryBuffer,
     TierDriver,

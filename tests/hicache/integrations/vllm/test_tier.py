@@ -11,7 +11,7 @@ from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from hicache.bench.processes import ServerProcess
+from hicache.bench.common.processes import ServerProcess
 from hicache.integrations.vllm import HicacheTier, TierMetrics
 from hicache.integrations.vllm_cpu import (
     PrimaryBuffer,
