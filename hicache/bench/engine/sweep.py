@@ -47,6 +47,7 @@ POLICIES = ("best_effort", "timeout", "wait_complete", "cost")
 RECOMPUTE = "recompute"
 FACTORS = (1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 16, 64)  # of the break-even bandwidth
 TARGET = 1.1  # cost's TTFT <= TARGET x min(always load, always recompute)
+DECISION_ROUNDS = 2000  # per timing of the decision and of match_prefix (best of 5)
 
 
 class Cell(NamedTuple):
@@ -227,7 +228,7 @@ def decision_cost(
         bpt = cfg.model.kv_shape().bytes_per_token
         parts = PrefixParts(0, 0, args.prefix_tokens, cfg.device.page_size, bpt)
         policy, settings = create_prefetch_policy("cost"), CostSettings()
-        rounds = 2000
+        rounds = DECISION_ROUNDS
 
         def decide() -> None:
             plan = StoragePlan(policy, parts, cache.rates(), settings)
