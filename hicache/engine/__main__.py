@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from hicache import format_rates
 from hicache.cache import HiRadixCache
 from hicache.config.cache import CacheConfig
 from hicache.config.flags import add_config_flags, load_config, port_in_use
@@ -161,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     describe(engine, config, args)
     try:
         chat(engine, args)
+        print("measured (what the cost prefetch policy weighs loads against recomputing with):")
+        for line in format_rates(engine.cache.rates()):
+            print(f"  {line}")
     finally:
         engine.cache.close()
     return 0

@@ -246,7 +246,7 @@ def format_rates(snap: RatesSnapshot) -> list[str]:
             continue
         lines.append(
             f"{link:<16} {est.bytes_per_s / 1e6:>10.1f} MB/s  ± {est.spread / 1e6:.1f}  "
-            f"({est.samples} transfers, newest {snap.at - est.last_at:.1f} s ago)"
+            f"(transfers: {est.samples}, newest {snap.at - est.last_at:.1f} s ago)"
         )
     if not snap.prefill:
         fallback = f"{snap.prefill_fallback:.0f} tokens/s (config)"
@@ -255,5 +255,5 @@ def format_rates(snap: RatesSnapshot) -> list[str]:
         )
     for p in snap.prefill:
         label = f"prefill <={p.length}"
-        lines.append(f"{label:<16} {p.tokens_per_s:>10.0f} tokens/s  ({p.samples} passes)")
+        lines.append(f"{label:<16} {p.tokens_per_s:>10.0f} tokens/s  (forward passes: {p.samples})")
     return lines

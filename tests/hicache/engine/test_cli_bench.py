@@ -31,7 +31,12 @@ SMALL = MappingProxyType(
 def table_rows(text: str) -> list[list[int]]:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.split()[:1] == ["turn"])
-    return [[int(float(v)) for v in line.split()] for line in lines[start + 1 :]]
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line.split()[0].isdigit():
+            break  # the measured rates follow the table
+        rows.append([int(float(v)) for v in line.split()])
+    return rows
 
 
 def test_cli_chat_walks_down_the_tiers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -41,8 +46,10 @@ def test_cli_chat_walks_down_the_tiers(tmp_path: Path, capsys: pytest.CaptureFix
     for s in sets:
         argv += ["--set", s]
     assert main(argv) == 0
-    rows = table_rows(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    rows = table_rows(out)
     assert [r[0] for r in rows] == [1, 2, 3, 4]
+    assert "s2h " in out and "prefill <=" in out  # the rates it measured
     device, host, storage = (tuple(r[i] for r in rows) for i in (2, 3, 4))
     assert device[1] > 0 and host[2] > 0 and storage[3] > 0
     assert device[0] == host[0] == storage[0] == 0
