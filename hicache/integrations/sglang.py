@@ -11,7 +11,9 @@ A real SGLang server (0.5.x) loads it with no change to SGLang::
 ``hicache_config`` names a shipped config or a TOML path whose ``[storage]``
 section picks the backend (the daemon by default); any other key of the
 extra config overrides one of its fields (``"endpoint"``, ``"path"``, ...),
-and an unknown key fails the construction with one error naming it.
+except ``prefill_tokens_per_s`` (the model's prefill speed: reads then stop
+at a deadline from the store's measured bandwidth, ``load_deadline``), and
+an unknown key fails the construction with one error naming it.
 
 Keys. SGLang's page keys are 64-hex chained sha256 hashes of the tokens and
 carry no model, dtype, layout or rank. The namespace adds them: model name,

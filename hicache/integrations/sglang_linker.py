@@ -14,8 +14,9 @@ its device pools straight to an external KV store through a
 or a TOML path, every other key overrides a ``[storage]`` field, except
 ``layout`` (``page_first``, the default, or ``layer_first``: the host layout
 whose flat pages are stored, so that an L3 adapter launched with the same
-``--hicache-mem-layout`` shares the pages). An unknown key is one ValueError
-at construction.
+``--hicache-mem-layout`` shares the pages) and ``prefill_tokens_per_s`` (the
+model's prefill speed: ``lookup`` then reports only the prefix worth loading,
+``load_deadline``). An unknown key is one ValueError at construction.
 
 Keys and values are the L3 adapter's: SGLang's 64-hex chained page hashes
 under the same namespace (model, attention kind, dtype, layout, page bytes,
