@@ -80,7 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup", type=int, default=3, help="with --sweep: uncounted requests per policy"
     )
-    parser.add_argument("--png", type=Path, help="with --sweep: write the plot here")
+    parser.add_argument(
+        "--png", type=Path, help="with --sweep: write the plot here (default: no plot)"
+    )
 
 
 def _bandwidths(text: str) -> tuple[float, ...]:
