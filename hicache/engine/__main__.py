@@ -162,9 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     describe(engine, config, args)
     try:
         chat(engine, args)
-        print("measured (what the cost prefetch policy weighs loads against recomputing with):")
+        # On stderr: stdout ends with the table (scripts read its last line).
+        print("measured (what prefetch_policy=cost weighs loads with):", file=sys.stderr)
         for line in format_rates(engine.cache.rates()):
-            print(f"  {line}")
+            print(f"  {line}", file=sys.stderr)
     finally:
         engine.cache.close()
     return 0

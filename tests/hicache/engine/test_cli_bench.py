@@ -31,12 +31,7 @@ SMALL = MappingProxyType(
 def table_rows(text: str) -> list[list[int]]:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.split()[:1] == ["turn"])
-    rows = []
-    for line in lines[start + 1 :]:
-        if not line.split()[0].isdigit():
-            break  # the measured rates follow the table
-        rows.append([int(float(v)) for v in line.split()])
-    return rows
+    return [[int(float(v)) for v in line.split()] for line in lines[start + 1 :]]
 
 
 def test_cli_chat_walks_down_the_tiers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -46,10 +41,10 @@ def test_cli_chat_walks_down_the_tiers(tmp_path: Path, capsys: pytest.CaptureFix
     for s in sets:
         argv += ["--set", s]
     assert main(argv) == 0
-    out = capsys.readouterr().out
-    rows = table_rows(out)
+    out = capsys.readouterr()
+    rows = table_rows(out.out)
     assert [r[0] for r in rows] == [1, 2, 3, 4]
-    assert "s2h " in out and "prefill <=" in out  # the rates it measured
+    assert "s2h " in out.err and "prefill <=" in out.err  # the rates it measured
     device, host, storage = (tuple(r[i] for r in rows) for i in (2, 3, 4))
     assert device[1] > 0 and host[2] > 0 and storage[3] > 0
     assert device[0] == host[0] == storage[0] == 0
