@@ -543,11 +543,11 @@ class HiRadixCache:
         parts = PrefixParts(match.device_hit_length, match.host_hit_length, 0, self.page_size, bpt)
         return self._prefetch.plan(parts, self.observer.rates.snapshot(), self._cost).host > 0
 
-    def record_prefill(self, tokens: int, length: int, seconds: float) -> None:
-        """The engine computed ``tokens`` new tokens in one forward pass whose
-        longest request reached ``length`` tokens, in ``seconds``: the prefill
-        speed the ``cost`` policy weighs loads against. ValueError for bad figures."""
-        self.observer.rates.record_prefill(tokens, length, seconds)
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        """The engine computed ``tokens`` new tokens (all its requests') in one
+        forward pass of ``seconds``: the prefill speed the ``cost`` policy
+        weighs loads against. ValueError for bad figures."""
+        self.observer.rates.record_prefill(tokens, seconds)
 
     def rates(self) -> RatesSnapshot:
         """What was measured: each link's bandwidth (with its spread) and the

@@ -263,8 +263,7 @@ class Engine:
             return None
         if prefill and self._warm:  # its speed is what a load of cached KV competes with
             tokens = sum(seg.tokens.numel() for seg in segments)
-            length = max(seg.start + seg.tokens.numel() for seg in segments)
-            self.cache.record_prefill(tokens, length, time.perf_counter() - start)
+            self.cache.record_prefill(tokens, time.perf_counter() - start)
         # The first pass pays one-time costs (lazy initialisation, first allocations).
         self._warm = True
         return logits

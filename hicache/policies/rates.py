@@ -6,8 +6,11 @@
   class). A transfer cut short counts with the bytes that arrived in the
   time it took, so a store that stalls shows up as a falling rate.
 - ``PrefillMeter``: the engine's prefill speed in tokens/s as a function of
-  the length reached, one moving estimate per power-of-two bucket of length
-  (a forward over a longer context computes each token more slowly).
+  how many tokens a forward pass computes, one moving estimate per
+  power-of-two bucket (a pass's fixed cost weighs on a short one; attention
+  makes a long one slower a token). Recomputing ``k`` tokens of a prompt is
+  estimated at the speed of passes of about ``k`` tokens: a pass of a few
+  tokens at a long context (a request's own tail) says nothing about it.
 - ``Rates``: one meter per link and a prefill meter, with a clock;
   ``snapshot()`` is the immutable view a decision reads.
 
@@ -108,7 +111,7 @@ class BandwidthMeter:
 
 
 class PrefillPoint(NamedTuple):
-    """The prefill speed measured for lengths up to ``length`` tokens
+    """The prefill speed measured for passes of up to ``length`` new tokens
     (``bucket``: its index, see ``bucket_of``)."""
 
     length: int
@@ -118,20 +121,19 @@ class PrefillPoint(NamedTuple):
 
 
 class PrefillMeter:
-    """Moving prefill tokens/s per power-of-two bucket of the length reached."""
+    """Moving prefill tokens/s per power-of-two bucket of tokens computed."""
 
     def __init__(self, weight: float = WEIGHT) -> None:
         self._weight = weight
         self._lock = threading.Lock()
         self._buckets: dict[int, BandwidthMeter] = {}  # measured ones only
 
-    def record(self, tokens: int, length: int, seconds: float, at: float) -> None:
-        """A forward pass computed ``tokens`` new tokens (all its requests'),
-        the longest request reaching ``length`` tokens, in ``seconds``.
-        ValueError for ``tokens < 1``, ``length < 1`` or a bad duration."""
-        if tokens < 1 or length < 1:
-            raise ValueError(f"a forward needs tokens >= 1 and length >= 1, got {tokens}, {length}")
-        index = bucket_of(length)
+    def record(self, tokens: int, seconds: float, at: float) -> None:
+        """A forward pass computed ``tokens`` new tokens (all its requests') in
+        ``seconds``. ValueError for ``tokens < 1`` or a bad duration."""
+        if tokens < 1:
+            raise ValueError(f"a forward computes at least one token, got {tokens}")
+        index = bucket_of(tokens)
         with self._lock:
             meter = self._buckets.get(index)
             if meter is None:
@@ -168,13 +170,13 @@ class RatesSnapshot(NamedTuple):
     prefill_fallback: float = 0.0
     backend: str = ""
 
-    def prefill_tokens_per_s(self, length: int) -> float | None:
-        """Prefill speed for a forward reaching ``length`` tokens: its bucket's,
+    def prefill_tokens_per_s(self, tokens: int) -> float | None:
+        """Prefill speed of a forward computing ``tokens`` tokens: its bucket's,
         else the nearest measured bucket's (the longer on a tie), else the
         config's; None when there is none."""
         if not self.prefill:
             return self.prefill_fallback or None
-        want, best = bucket_of(length), self.prefill[0]
+        want, best = bucket_of(tokens), self.prefill[0]
         for point in self.prefill[1:]:  # shortest first: the longer wins a tie
             if abs(point.bucket - want) <= abs(best.bucket - want):
                 best = point
@@ -182,10 +184,10 @@ class RatesSnapshot(NamedTuple):
 
     def recompute_s(self, start: int, end: int) -> float | None:
         """Expected seconds to compute tokens ``[start, end)`` of a prompt, at
-        the speed of a forward reaching ``end``; None without a prefill rate."""
+        the speed of a forward computing as many; None without a prefill rate."""
         if end <= start:
             return 0.0
-        rate = self.prefill_tokens_per_s(end)
+        rate = self.prefill_tokens_per_s(end - start)
         return None if rate is None else (end - start) / rate
 
 
@@ -218,8 +220,8 @@ class Rates:
         self.s2h.record(nbytes, seconds, self.clock())
         self._measured()
 
-    def record_prefill(self, tokens: int, length: int, seconds: float) -> None:
-        self.prefill.record(tokens, length, seconds, self.clock())
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        self.prefill.record(tokens, seconds, self.clock())
         self._measured()
 
     def _measured(self) -> None:

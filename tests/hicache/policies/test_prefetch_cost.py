@@ -38,7 +38,7 @@ def rates(
         if h2d is not None:
             r.record_h2d(MB, MB / h2d)
         if prefill is not None:
-            r.record_prefill(1000, 1024, 1000 / prefill)
+            r.record_prefill(1000, 1000 / prefill)
     return r.snapshot()
 
 
@@ -102,7 +102,7 @@ def erratic(low: float, high: float) -> RatesSnapshot:
     r = Rates(FakeClock())
     for i in range(20):
         r.record_s2h(MB, MB / (low if i % 2 else high))
-        r.record_prefill(1000, 1024, 1000 / PREFILL)
+        r.record_prefill(1000, 1000 / PREFILL)
     return r.snapshot()
 
 
@@ -132,7 +132,7 @@ def test_a_store_judged_too_slow_is_probed_once_its_measure_is_old() -> None:
     clock = FakeClock()
     r = Rates(clock)
     r.record_s2h(MB, 1.0)  # 1 MB/s
-    r.record_prefill(1000, 1024, 1000 / PREFILL)
+    r.record_prefill(1000, 1000 / PREFILL)
     assert choose(parts(), r.snapshot(), SETTINGS).storage == 0
     clock.advance(31.0)
     probe = choose(parts(), r.snapshot(), SETTINGS)

@@ -83,10 +83,10 @@ def test_bad_transfers_are_refused(nbytes: int, seconds: float) -> None:
         BandwidthMeter().record(nbytes, seconds, at=0)
 
 
-def test_prefill_speed_is_kept_per_length() -> None:
+def test_prefill_speed_is_kept_per_pass_size() -> None:
     meter = PrefillMeter()
-    meter.record(1000, 1000, 0.01, at=0)  # 100k tokens/s at ~1k
-    meter.record(8000, 8000, 0.4, at=0)  # 20k tokens/s at ~8k
+    meter.record(1000, 0.01, at=0)  # 100k tokens/s computing ~1k
+    meter.record(8000, 0.4, at=0)  # 20k tokens/s computing ~8k
     points = meter.points()
     assert [p.length for p in points] == [1024, 8192]
     rates = Rates(FakeClock())
@@ -103,7 +103,7 @@ def test_prefill_speed_is_kept_per_length() -> None:
 def test_the_config_prefill_speed_stands_in_until_one_is_measured() -> None:
     rates = Rates(FakeClock(), prefill_fallback=5000.0)
     assert rates.snapshot().recompute_s(0, 500) == pytest.approx(0.1)
-    rates.record_prefill(100, 500, 0.001)
+    rates.record_prefill(500, 0.005)
     assert rates.snapshot().recompute_s(0, 500) == pytest.approx(0.005)
 
 
@@ -117,7 +117,7 @@ def test_the_snapshot_carries_the_clock_and_prints() -> None:
     rates = Rates(clock, backend="disk")
     rates.record_s2h(10 * MB, 0.1)
     rates.record_h2d(10 * MB, 0.001)
-    rates.record_prefill(256, 256, 0.01)
+    rates.record_prefill(256, 0.01)
     clock.advance(7.0)
     snap = rates.snapshot()
     assert snap.at == 57.0 and snap.s2h is not None and snap.at - snap.s2h.last_at == 7.0
