@@ -258,18 +258,27 @@ def decision_cost(
 
 def verdicts(cells: list[Cell]) -> list[dict[str, object]]:
     """Per bandwidth: medians per policy and each one's ratio to the better of
-    always loading (wait_complete) and always recomputing."""
+    always loading (wait_complete) and always recomputing; and how often
+    ``cost`` chose what that better one does (loaded at least half of what
+    ``wait_complete`` loaded, or recomputed): a figure the machine's load
+    does not move, where the medians of two set-ups doing the same work can
+    differ by its noise."""
     rows = []
     for mb in sorted({c.mb_per_s for c in cells}):
         at = {c.policy: c for c in cells if c.mb_per_s == mb}
-        best = min(at["wait_complete"].median_ms, at[RECOMPUTE].median_ms)
-        ratios = {p: round(at[p].median_ms / best, 3) for p in (*POLICIES, RECOMPUTE)}
+        load, compute = at["wait_complete"].median_ms, at[RECOMPUTE].median_ms
+        ratios = {p: round(at[p].median_ms / min(load, compute), 3) for p in (*POLICIES, RECOMPUTE)}
+        full = max(at["wait_complete"].storage_tokens, default=0)
+        loaded = [2 * t >= full > 0 for t in at["cost"].storage_tokens]
+        same = sum(x == (load < compute) for x in loaded) / max(len(loaded), 1)
         rows.append(
             {
                 "mb_per_s": round(mb, 3),
                 "ttft_ms": {p: round(at[p].median_ms, 2) for p in at},
                 "ratio_to_best": ratios,
+                "better_fixed": "load" if load < compute else "recompute",
                 "storage_tokens_cost": list(at["cost"].storage_tokens),
+                "cost_same_choice": round(same, 3),
                 "cost_meets_target": ratios["cost"] <= TARGET,
             }
         )
@@ -285,12 +294,15 @@ def print_table(
         "TTFT p50 ms (ratio to min(wait_complete, recompute)); target: cost <= "
         f"{TARGET} x that min at every bandwidth"
     )
-    print(f"{'MB/s':>9} " + " ".join(f"{n:>20}" for n in names) + "  cost ok")
+    head = " ".join(f"{n:>20}" for n in names)
+    print(f"{'MB/s':>9} {head}  cost ok  better fixed  cost chose it")
     for row in rows:
         ttft, ratio = row["ttft_ms"], row["ratio_to_best"]
         assert isinstance(ttft, dict) and isinstance(ratio, dict)
         cells = " ".join(f"{ttft[n]:>11.1f} ({ratio[n]:>5.2f})" for n in names)
-        print(f"{row['mb_per_s']:>9.2f} {cells}  {'yes' if row['cost_meets_target'] else 'NO'}")
+        ok = "yes" if row["cost_meets_target"] else "NO"
+        same = f"{row['cost_same_choice']:.0%}"
+        print(f"{row['mb_per_s']:>9.2f} {cells}  {ok:>7}  {row['better_fixed']:>12}  {same:>13}")
     print(
         f"per request, CPU: match_prefix {costs['match_prefix_us']:.1f} us, "
         f"the cost decision {costs['decision_us']:.1f} us"

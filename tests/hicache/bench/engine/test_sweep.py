@@ -41,15 +41,20 @@ def test_the_sweep_runs_every_policy_at_every_bandwidth(
 
 
 def test_verdicts_compare_each_policy_with_the_better_fixed_choice() -> None:
+    loaded = {"wait_complete": (64,), "timeout": (64,), "best_effort": (0,), RECOMPUTE: (0,)}
     cells = [
-        Cell(p, 1.0, (ms,), (0,))
+        Cell(p, 1.0, (ms,), loaded.get(p, (0,)))
         for p, ms in (("best_effort", 90), ("timeout", 300), ("wait_complete", 400),
                       ("cost", 105), (RECOMPUTE, 100))
     ]  # fmt: skip
     (row,) = verdicts(cells)
+    assert row["better_fixed"] == "recompute" and row["cost_same_choice"] == 1.0
     assert row["ratio_to_best"] == {
         "best_effort": 0.9, "timeout": 3.0, "wait_complete": 4.0, "cost": 1.05, RECOMPUTE: 1.0
     }  # fmt: skip
     assert row["cost_meets_target"]
     (worse,) = verdicts([c._replace(ttft_ms=(120,)) if c.policy == "cost" else c for c in cells])
     assert not worse["cost_meets_target"]
+    mixed = [c for c in cells if c.policy != "cost"] + [Cell("cost", 1.0, (105,), (64, 16, 0, 40))]
+    (row,) = verdicts(mixed)
+    assert row["cost_same_choice"] == 0.5  # 16 and 0 recomputed (most of) the prefix
