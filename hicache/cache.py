@@ -574,9 +574,10 @@ class HiRadixCache:
         past ``last_host_node`` that storage holds: one job on the storage I/O
         workers (this call never waits for the backend). Returns the tokens
         looked up (0 when fewer than ``policy.prefetch_threshold`` could be,
-        or no host room); ``check_prefetch`` reports how many arrived. On
-        completion they are inserted as host-only nodes. CacheError if
-        ``request_id`` already has a prefetch."""
+        when the policy judges none worth reading, or no host room);
+        ``check_prefetch`` reports how many arrived. On completion they are
+        inserted as host-only nodes. CacheError if ``request_id`` already has
+        a prefetch."""
         check_request_id(request_id)
         if self.store is None or self.host is None:
             return 0
@@ -586,27 +587,30 @@ class HiRadixCache:
         key = as_token_list(tokens)
         self.residency.check_node(last_host_node, locked=False)
         start = check_on_path(self.tree, last_host_node, key, namespace, "last_host_node")
-        aligned = align_down(len(key), self.page_size)
-        threshold = self.config.policy.prefetch_threshold
-        if aligned - start <= 0 or aligned - start < threshold:
+        aligned, ps = align_down(len(key), self.page_size), self.page_size
+        min_pages = -(-self.config.policy.prefetch_threshold // ps)
+        if aligned - start <= 0 or aligned - start < self.config.policy.prefetch_threshold:
             return 0
-        keys = page_keys(
-            self.keys.chain_from(last_host_node), namespace, key[start:aligned], self.page_size
+        chain, bpt = (
+            self.residency.host_chain(last_host_node),
+            self.device_pool.shape.bytes_per_token,
         )
-        chain = self.residency.host_chain(last_host_node)
+        host_len = sum(len(n.key) for n in chain)
+        parts = PrefixParts(start - host_len, host_len, aligned - start, ps, bpt)
+        plan = StoragePlan(self._prefetch, parts, self.observer.rates.snapshot(), self._cost)
+        if not plan.pages((aligned - start) // ps) and not plan.pages(min_pages):
+            self.observer.metrics.add("prefetch_started")  # judged too slow: not even looked up
+            self.observer.metrics.add("prefetch_declined")
+            return 0
+        keys = page_keys(self.keys.chain_from(last_host_node), namespace, key[start:aligned], ps)
         pin = self.host.pin(chain)  # what the pages hang from
         self._make_host_room(aligned - start)
         slots = self.host.reserve(aligned - start)
         if slots is None:
             self.host.unpin(pin)
             return 0
-        host_len, bpt = sum(len(n.key) for n in chain), self.device_pool.shape.bytes_per_token
-        parts = PrefixParts(start - host_len, host_len, aligned - start, self.page_size, bpt)
-        plan = StoragePlan(self._prefetch, parts, self.observer.rates.snapshot(), self._cost)
-        min_pages = -(-threshold // self.page_size)
-        page_bytes = bpt * self.page_size
         self.store.start_prefetch(
-            request_id, key, namespace, start, keys, slots, pin, min_pages, plan, page_bytes
+            request_id, key, namespace, start, keys, slots, pin, min_pages, plan, bpt * ps
         )
         self.observer.metrics.add("prefetch_started")
         return aligned - start
@@ -627,10 +631,9 @@ class HiRadixCache:
     def wait_prefetch(self, request_id: str, timeout_s: float | None = None) -> PrefetchStatus:
         """Block until ``request_id``'s prefetch has landed and been inserted,
         at most ``timeout_s`` (default and cap: ``storage.timeout_s``); after
-        the default bound the request goes on without it (``ready`` and not
-        ``done``: what had not arrived is missed; the job still lands later
-        and is inserted then). With ``timeout_s`` given, the status is the
-        policy's (``check_prefetch``)."""
+        the default bound the request goes on without it (``ready``, not
+        ``done``: the job lands later). With ``timeout_s``, ``ready`` is the
+        policy's."""
         if self.store is None:
             raise CacheError(f"no prefetch for request {request_id!r}")
         job = self.store.prefetch_job(request_id)
@@ -669,11 +672,8 @@ class HiRadixCache:
         self.observer.metrics.record_transfer("s2h", done.nbytes, done.ok)
         outcome = prefetch_outcome(done, self.page_size, self.config.policy.prefetch_threshold)
         self.observer.metrics.add(f"prefetch_{outcome}")
-        gets = [t for t in done.timings if t.op == "get"]
-        if gets and not state.cut:  # a cut read was counted when it was cut
-            self.observer.rates.record_s2h(
-                sum(t.nbytes for t in gets), sum(t.seconds for t in gets)
-            )
+        if done.read is not None and not state.cut:  # a cut read was counted when cut
+            self.observer.rates.record_s2h(*done.read)
         self.host.free_reserved(state.host_slots[got:])
         self._adopt_prefetched(state, state.taken, got)
         self.host.unpin(state.pin_id)

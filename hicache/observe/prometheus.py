@@ -79,8 +79,9 @@ COUNTERS: tuple[Family, ...] = (
            "link", {k: f"errors_{k}" for k in ("d2h", "h2d", "h2s", "s2h")}),
     Family("prefetches", "Storage prefetches: started, then one outcome each when it "
            "finishes: complete, partial (a leading part), miss (storage held none of the "
-           "pages), below_threshold (too few to be worth it), failed (backend error or "
-           "unreadable pages). Only failed is a problem.", "outcome",
+           "pages), below_threshold (too few to be worth it), declined (the cost policy judged "
+           "recomputing faster than reading them), failed (backend error or unreadable "
+           "pages). Only failed is a problem.", "outcome",
            {k: f"prefetch_{k}" for k in PREFETCH_OUTCOMES}),
     Family("cut_prefetches", "Storage reads cut at their deadline (cost policy): the pages "
            "that had arrived were used, the rest recomputed.", "", {"": "prefetch_cuts"}),

@@ -124,6 +124,12 @@ class PrefetchDone(NamedTuple):
     timings: tuple[OpTiming, ...] = ()  # the backend calls the job made
     planned_pages: int = 0  # of the found pages, those the plan chose to read
 
+    @property
+    def read(self) -> tuple[int, float] | None:
+        """Bytes its gets moved and the seconds they took (None: no get)."""
+        gets = [t for t in self.timings if t.op == "get"]
+        return (sum(t.nbytes for t in gets), sum(t.seconds for t in gets)) if gets else None
+
 
 class LookupDone(NamedTuple):
     """An ``exists`` lookup for ``match_prefix(with_storage=True)`` finished."""

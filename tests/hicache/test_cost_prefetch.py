@@ -34,10 +34,14 @@ class Gate(ThrottledBackend):
 
     def __init__(self, inner: MemoryBackend, bytes_per_s: float, clock: FakeClock) -> None:
         super().__init__(inner, bytes_per_s, sleep=clock.advance, clock=clock)
-        self.gets = 0
+        self.gets = self.lookups = 0
         self.stall_at = 0
         self.stalled = threading.Event()
         self.opened = threading.Event()
+
+    def exists(self, keys: Sequence[bytes]) -> int:
+        self.lookups += 1
+        return super().exists(keys)
 
     def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
         self.gets += 1
@@ -125,8 +129,10 @@ def stored(cache: HiRadixCache, seed: int, n: int = 64) -> list[int]:
 
 
 def fetch(cache: HiRadixCache, rid: str, toks: list[int]) -> int:
-    """Prefetch ``toks`` and wait for it to land; tokens fetched."""
-    assert cache.prefetch(rid, toks, None, cache.match_prefix(toks).last_host_node)
+    """Prefetch ``toks`` and wait for it to land; tokens fetched (0 also when
+    the policy judged none worth reading and started no read)."""
+    if not cache.prefetch(rid, toks, None, cache.match_prefix(toks).last_host_node):
+        return 0
     status = cache.wait_prefetch(rid)
     assert status.done
     cache.release_prefetch(rid)
@@ -177,11 +183,12 @@ def test_a_hopeless_store_is_not_read_at_all(clock: FakeClock, caches: list[HiRa
     caches.append(cache)
     warm(cache)
     toks = stored(cache, 2)
-    gets = gate(cache).gets
+    gets, lookups = gate(cache).gets, gate(cache).lookups
     assert fetch(cache, "r", toks) == 0
-    assert gate(cache).gets == gets  # looked up, never read
+    assert (gate(cache).gets, gate(cache).lookups) == (gets, lookups)  # not even looked up
     assert serve(cache, toks) == 0
-    assert cache.stats().prefetch_declined == 1
+    stats = cache.stats()
+    assert stats.prefetch_declined == 1 and stats.prefetch_started == 2  # (and the warm-up's)
 
 
 def test_in_between_the_host_part_is_loaded_and_storage_recomputed(
