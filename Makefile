@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The engines' wheels (test venv only): requirements/engines.txt, --no-deps.
 ENGINES := $(VENV)/.engines-installed
+# The documentation tools (pyproject's `docs` extra): `make docs` and `make test`, not `make run`.
+DOCS := $(VENV)/.docs-installed
 CONFIG ?= configs/default.toml
 # The compiled hot path (device_pool/native.py): the .pyx twins of the hot
 # primitives. A failed build leaves the pure-Python modules in use, with a note.
@@ -14,7 +16,7 @@ PURE_TESTS := tests/device_pool tests/hicache/test_radix_cache.py tests/hicache/
 	tests/hicache/test_cache_stateful.py tests/hicache/test_misuse_stateful.py
 NATIVE_SRC := scripts/build_native.py device_pool/native.py device_pool/page_table.pyx hicache/tree/token_ids.pyx
 
-.PHONY: run test test-slow test-mooncake lint bench format clean redis-server
+.PHONY: run test test-slow test-mooncake lint bench docs format clean redis-server
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +32,10 @@ $(ENGINES): $(STAMP) requirements/engines.txt requirements/engine-deps.txt
 	$(PY) -m pip install --quiet --no-deps -c $(VENV)/torch-pin.txt -r requirements/engines.txt
 	touch $(ENGINES)
 
+$(DOCS): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[docs]"
+	touch $(DOCS)
+
 $(NATIVE): $(STAMP) $(NATIVE_SRC)
 	$(PY) -m pip install --quiet "cython>=3.0,<4" && $(PY) scripts/build_native.py \
 		|| echo "note: compiled hot path not built; hicache runs pure Python"
@@ -39,9 +45,10 @@ run: $(STAMP) $(NATIVE)
 
 # -rs: every skip says why; the "ci" hypothesis profile draws the same examples
 # on every run, so a failure in CI reproduces (tests/conftest.py). The main run
-# uses the compiled hot path (when built); then the tree, allocator and cache
-# property tests again on the pure-Python modules.
-test: $(STAMP) $(ENGINES) $(NATIVE) lint redis-server
+# uses the compiled hot path (when built; it builds the documentation site too,
+# tests/test_docs_site.py); then the tree, allocator and cache property tests
+# again on the pure-Python modules.
+test: $(STAMP) $(ENGINES) $(NATIVE) $(DOCS) lint redis-server
 	$(PY) -m pytest -rs --hypothesis-profile=ci
 	HICACHE_PURE=1 $(PY) -m pytest -rs --hypothesis-profile=ci $(PURE_TESTS)
 
@@ -74,5 +81,10 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/hicache bench tree --config $(CONFIG) --json bench-tree.json
 
+# The documentation site (docs/, mkdocs.yml) into site/, warnings as errors. No
+# network: the theme's web fonts are off and no plug-in calls out.
+docs: $(DOCS)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

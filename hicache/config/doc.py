@@ -1,5 +1,6 @@
-"""The README's configuration tables (the cache's, the daemon's), generated from the config
-dataclasses.
+"""The configuration tables (the cache's, the daemon's), generated from the config
+dataclasses: in the README, and on the documentation site's reference pages
+(``docs/hooks/pages.py`` builds those at build time from ``table_rows``).
 
 ``python -m hicache.config.doc`` prints them; ``--write README.md`` replaces the
 blocks between the README's markers. A test checks that the README holds what
@@ -242,18 +243,24 @@ def _show(value: object) -> str:
     return str(value)
 
 
-def markdown_table(table: Table | None = None) -> str:
+def table_head(table: Table | None = None) -> str:
+    """The header lines of a generated table (the documentation site repeats them per section)."""
     t = table or tables()[0]
-    rows = [
-        f"| key | `--config {t.shipped}` | left out | meaning |",
-        "| --- | --- | --- | --- |",
-    ]
-    for d in field_docs(t):
+    return f"| key | `--config {t.shipped}` | left out | meaning |\n| --- | --- | --- | --- |"
+
+
+def table_rows(table: Table | None = None) -> list[tuple[str, str]]:
+    """``(key, Markdown row)`` for each key of ``table``, in declaration order."""
+    out = []
+    for d in field_docs(table or tables()[0]):
         shipped, unset = _show(d.shipped), _show(d.unset)
-        rows.append(
-            f"| `{d.key}` | {shipped} | {'same' if unset == shipped else unset} | {d.meaning} |"
-        )
-    return "\n".join(rows)
+        left_out = "same" if unset == shipped else unset
+        out.append((d.key, f"| `{d.key}` | {shipped} | {left_out} | {d.meaning} |"))
+    return out
+
+
+def markdown_table(table: Table | None = None) -> str:
+    return "\n".join([table_head(table), *(row for _, row in table_rows(table))])
 
 
 def replace_block(text: str, table: str, begin: str = BEGIN, end: str = END) -> str:

@@ -112,6 +112,17 @@ class DaemonMetrics:
             "store reads' reply buffers out with replies ZeroMQ has not finished sending",
             registry=reg,
         )
+        self.reply_tampered = Gauge(
+            f"{_PREFIX}_reply_buffers_tampered",
+            "free reply buffers found written before they were lent again "
+            "(counted with HICACHE_DAEMON_POISON=1 only)",
+            registry=reg,
+        )
+        self.sweep_failures = Counter(
+            f"{_PREFIX}_sweep_failures",
+            "sweeps of sent replies or shared-memory leases that raised (a bug; logged)",
+            registry=reg,
+        )
         self.read_failures = Counter(
             f"{_PREFIX}_reader_failures", "reads that raised (answered INTERNAL)", registry=reg
         )

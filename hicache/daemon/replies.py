@@ -10,16 +10,67 @@ out of room gets BUSY without the daemon reading a page for it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import zmq
 
+from storage_backends.remote.protocol import Frame
+
+logger = logging.getLogger(__name__)
+
+
+class Tracker(Protocol):
+    """Whether ZeroMQ is done with a sent reply's frames."""
+
+    @property
+    def done(self) -> bool: ...
+
+
+class Released(NamedTuple):
+    """A sent reply, done once ZeroMQ released every one of its page frames."""
+
+    trackers: tuple[zmq.MessageTracker, ...]  # one per page
+
+    @property
+    def done(self) -> bool:
+        return all(tracker.done for tracker in self.trackers)
+
+
+def send_reply(
+    sock: zmq.Socket[bytes], identity: zmq.Frame | bytes, frames: Sequence[Frame], track: bool
+) -> Released | None:
+    """Send one reply (``frames``: header, then pages) to ``identity`` on a ROUTER, large
+    frames without a copy. With ``track``: done once ZeroMQ released every page (those it
+    copied at once), returned whether or not the send went through; None without. A
+    failed send is logged, not raised.
+
+    Each page is tracked on its own: ``send_multipart(track=True)`` returns the last
+    frame's tracker only, which is done at once when that frame is small enough to be
+    copied, while ZeroMQ may still be sending the pages before it (from buffers a reuse
+    would overwrite). The frames are sent one by one as ``send_multipart`` sends them."""
+    trackers: list[zmq.MessageTracker] = []
+    try:
+        sock.send(identity, zmq.SNDMORE, copy=False)
+        sock.send(frames[0], zmq.SNDMORE if len(frames) > 1 else 0, copy=False)
+        last = len(frames) - 1
+        for i in range(1, len(frames)):
+            flags = zmq.SNDMORE if i < last else 0
+            sent = sock.send(frames[i], flags, copy=False, track=track)
+            if track:
+                trackers.append(sent)
+    except zmq.ZMQError as exc:
+        logger.debug("reply not sent: %s", exc)
+    except Exception:  # a bug must not end the caller's loop (the client then times out)
+        logger.exception("reply not sent")
+    return Released(tuple(trackers)) if track else None
+
 
 class _Queued(NamedTuple):
-    tracker: zmq.MessageTracker
+    tracker: Tracker
     nbytes: int
     buffers: Sequence[memoryview]  # handed to ``on_release`` once ZeroMQ is done
 
@@ -34,7 +85,7 @@ class ReplyBudget:
     ``room`` is what a new reply to ``peer`` may hold; a reader ``claim``s the
     bytes of the pages it read before they become a reply (so readers running
     at once for one peer never together exceed its room); ``add`` turns a
-    claim into a reply sent with ``track=True``; ``unclaim`` gives a claim
+    claim into a reply ``send_reply`` tracks; ``unclaim`` gives a claim
     back (reply not sent, or sent without pages); ``sweep`` forgets released
     replies of every peer (a peer that went away is forgotten once ZeroMQ
     dropped its queue), handing each released reply's ``buffers`` to
@@ -89,7 +140,7 @@ class ReplyBudget:
     def add(
         self,
         peer: bytes,
-        tracker: zmq.MessageTracker,
+        tracker: Tracker,
         claimed: int,
         buffers: Sequence[memoryview] = (),
     ) -> None:

@@ -7,16 +7,39 @@ peer); the reply budget tracks that (``replies``) and gives the buffer back
 then, so the next read writes into memory already faulted in instead of new,
 zeroed memory. What the pool keeps free is bounded; buffers out with replies
 are bounded by the reply budget.
+
+Debug mode (``HICACHE_DAEMON_POISON=1`` in the daemon's environment; tests use
+it): every buffer given back is filled with ``POISON`` at once, so a buffer given
+back while ZeroMQ still sends it shows as poison in a client's reply, and a free
+buffer found changed when it is lent again (something wrote it after giving it
+back) is counted in ``PoolSize.tampered`` and logged.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
+
+logger = logging.getLogger(__name__)
 
 # Free buffers kept for reuse, all sizes together; more are let go.
 KEEP_BYTES = 64 << 20
+POISON_ENV = "HICACHE_DAEMON_POISON"
+# 16 bytes no page record holds by chance (a record's bytes are a header and a payload).
+POISON = b"\xdeHICACHE-POISON\xad"
+
+
+def poison_from(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` turns the debug poison on (``HICACHE_DAEMON_POISON`` set, not 0)."""
+    return environ.get(POISON_ENV, "0") not in ("", "0")
+
+
+def poison_on() -> bool:
+    """``poison_from`` this process's environment."""
+    return poison_from(os.environ)
 
 
 class PoolSize(NamedTuple):
@@ -24,6 +47,7 @@ class PoolSize(NamedTuple):
 
     lent: int
     free_bytes: int
+    tampered: int = 0  # free buffers found written before they were lent again (poison on)
 
 
 class ReplyPool:
@@ -35,13 +59,16 @@ class ReplyPool:
     Thread-safe (one lock): readers take and give back, the socket thread gives
     back what sent replies held. Giving back a buffer the pool did not lend, or
     twice, is ignored. A buffer is written again only after it was given back,
-    so a caller gives back only what nothing reads any more.
+    so a caller gives back only what nothing reads any more. With ``poison``, each
+    buffer given back is overwritten with ``POISON`` (and checked when lent again).
     """
 
-    def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
+    def __init__(self, keep_bytes: int = KEEP_BYTES, poison: bool = False) -> None:
         if keep_bytes < 0:
             raise ValueError(f"keep_bytes must be >= 0, got {keep_bytes}")
         self._keep_bytes = keep_bytes
+        self._poison = poison
+        self._tampered = 0
         self._free: dict[int, list[bytearray]] = {}
         self._free_bytes = 0
         self._lent: dict[int, bytearray] = {}  # id(buffer) -> buffer
@@ -53,6 +80,11 @@ class ReplyPool:
             if free:
                 buffer = free.pop()
                 self._free_bytes -= size
+                if self._poison and buffer != _poison(size):
+                    self._tampered += 1
+                    logger.error(
+                        "a free reply buffer of %d bytes was written after it came back", size
+                    )
             else:
                 buffer = bytearray(size)
             self._lent[id(buffer)] = buffer
@@ -67,6 +99,8 @@ class ReplyPool:
                 owner = self._lent.pop(id(view.obj), None)
                 if owner is None or owner is not view.obj:
                     continue
+                if self._poison:
+                    owner[:] = _poison(len(owner))
                 if self._free_bytes + len(owner) <= self._keep_bytes:
                     self._free.setdefault(len(owner), []).append(owner)
                     self._free_bytes += len(owner)
@@ -82,4 +116,8 @@ class ReplyPool:
 
     def size(self) -> PoolSize:
         with self._lock:
-            return PoolSize(len(self._lent), self._free_bytes)
+            return PoolSize(len(self._lent), self._free_bytes, self._tampered)
+
+
+def _poison(size: int) -> bytes:
+    return (POISON * (size // len(POISON) + 1))[:size]

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NamedTuple
@@ -33,8 +33,8 @@ from hicache.daemon.auth import DEFAULT_TENANT, CurveAuth
 from hicache.daemon.metrics import DaemonMetrics
 from hicache.daemon.peers import PeerGuard, raise_fd_limit
 from hicache.daemon.readers import ReadDone, Readers, ReadJob
-from hicache.daemon.replies import ReplyBudget
-from hicache.daemon.reply_pool import ReplyPool
+from hicache.daemon.replies import ReplyBudget, send_reply
+from hicache.daemon.reply_pool import POISON_ENV, ReplyPool, poison_on
 from hicache.daemon.shm_plane import ShmPlane, remove_stale, slab_path
 from hicache.daemon.store import DaemonStore, Lookup, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
@@ -142,7 +142,8 @@ class DaemonServer:
         self._in_flight = 0
         self._in_flight_bytes = 0
         server = config.server
-        self._pool = ReplyPool()  # store reads land in its buffers, which the replies send
+        # Store reads land in its buffers, which the replies send.
+        self._pool = ReplyPool(poison=poison_on())
         self._replies = ReplyBudget(
             server.max_queued_reply_bytes_per_peer,
             server.max_queued_reply_bytes,
@@ -175,6 +176,9 @@ class DaemonServer:
         self._readers = Readers(server.readers, self._serve_read, self._wake, nice)
         self._metrics.reply_bytes.set_function(lambda: self._replies.queued_bytes)
         self._metrics.reply_buffers.set_function(lambda: self._pool.size().lent)
+        self._metrics.reply_tampered.set_function(lambda: self._pool.size().tampered)
+        if poison_on():
+            logger.warning("%s: reply buffers are poisoned once given back (debug)", POISON_ENV)
         metrics = self._config.metrics
         port = self._metrics.serve_http(metrics.host, metrics.port) if metrics.port >= 0 else None
         bound = Bound(endpoint, port, os.getpid())
@@ -223,9 +227,7 @@ class DaemonServer:
             poller.register(self._peers.socket, zmq.POLLIN)
         while not self._stopping.is_set():
             events = dict(poller.poll(_POLL_MS))
-            self._replies.sweep()
-            if self._shm is not None:
-                self._shm.sweep()
+            self._sweep()
             if self._peers is not None and self._peers.socket in events:
                 self._metrics.peers.set(self._peers.handle().connected)
             if self._wake_in in events:
@@ -233,6 +235,19 @@ class DaemonServer:
             if self._router in events:
                 self._receive()
         return self.close()
+
+    def _sweep(self) -> None:
+        """Release what ZeroMQ has sent and reclaim silent leases. A sweep that raises (a
+        bug) is logged and counted, and the loop goes on: the next sweep tries again."""
+        sweeps: list[Callable[[], object]] = [self._replies.sweep]
+        if self._shm is not None:
+            sweeps.append(self._shm.sweep)
+        for sweep in sweeps:
+            try:
+                sweep()
+            except Exception:
+                logger.exception("a sweep failed; serving on")
+                self._metrics.sweep_failures.inc()
 
     def _receive(self) -> None:
         # Asking the socket whether a message waits is far cheaper than the zmq.Again a
@@ -537,17 +552,7 @@ class DaemonServer:
         self._metrics.sent.inc(nbytes)
         peer = identity if isinstance(identity, bytes) else identity.bytes
         track = isinstance(reply, GetReply) and bool(reply.pages)
-        try:
-            # A received frame cannot be re-sent tracked: the identity goes as bytes.
-            tracker = self._router.send_multipart(
-                [peer if track else identity, *frames], copy=False, track=track
-            )
-        except zmq.ZMQError as exc:
-            logger.debug("reply not sent: %s", exc)
-            tracker = None
-        except Exception:  # a bug must not end the loop (the client then times out)
-            logger.exception("reply not sent")
-            tracker = None
+        tracker = send_reply(self._router, identity, frames, track)
         if tracker is not None:
             self._replies.add(peer, tracker, claimed, buffers)
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 
 from storage_backends.remote.protocol import Span
 
@@ -22,7 +23,8 @@ class Extents:
     None when no free run is long enough; ``give_back`` returns a span ``take``
     handed out (ValueError for one that overlaps free space: a double free).
     Not thread-safe: the caller locks. Free runs are merged with their neighbours,
-    so a region whose spans all came back is one free run again.
+    so a region whose spans all came back is one free run again. ``overlaps_free`` and
+    ``check`` mutate nothing.
     """
 
     def __init__(self, size: int) -> None:
@@ -69,3 +71,26 @@ class Extents:
             return
         self._starts.insert(i, start)
         self._lengths[start] = length
+
+    def overlaps_free(self, span: Span) -> bool:
+        """Whether any byte of ``span`` (rounded up to ``GRAIN``) is free."""
+        start, end = span.offset, span.offset + _round_up(span.length)
+        i = bisect.bisect_right(self._starts, start)
+        before = self._starts[i - 1] if i > 0 else None
+        after = self._starts[i] if i < len(self._starts) else None
+        return (before is not None and before + self._lengths[before] > start) or (
+            after is not None and after < end
+        )
+
+    def check(self) -> None:
+        """Assert the free runs are sorted, apart (merged), inside the region, and add up
+        with ``used`` to its size."""
+        assert sorted(self._lengths) == self._starts, "free runs and their lengths disagree"
+        for a, b in itertools.pairwise(self._starts):
+            assert a + self._lengths[a] < b, f"free runs at {a} and {b} overlap or touch"
+        for start in self._starts:
+            length = self._lengths[start]
+            assert length > 0 and start % GRAIN == 0 and length % GRAIN == 0, start
+            assert start + length <= self.size, f"a free run at {start} passes the end"
+        free = sum(self._lengths.values())
+        assert free + self.used == self.size, f"free {free} + used {self.used} != {self.size}"

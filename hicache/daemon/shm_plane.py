@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import logging
 import mmap
 import os
@@ -195,7 +196,8 @@ class ShmPlane:
     def lend(self, lease: int, records: Sequence[Frame]) -> tuple[Span, ...] | None:
         """Copy ``records`` into GET slots lent to ``lease`` (which has this request in
         flight, see ``begin``); None when the slab, or the lease's share of it (a
-        quarter), has no room, or the lease is gone: the reply then goes as frames."""
+        quarter), has no room, or the lease is gone: the reply then goes as frames, and
+        nothing is lent (a reply is lent whole or not at all)."""
         spans: list[Span] = []
         with self._lock:
             entry = self._leases.get(lease)
@@ -204,11 +206,13 @@ class ShmPlane:
                 return None
             for record in records:
                 span = self._free.take(len(record))
-                if span is None:
+                if span is None:  # the slab is full: what was taken goes back, nothing lent
                     for taken in spans:
                         self._free.give_back(taken)
                     return None
                 spans.append(span)
+            # Lent only once every record has its slot: a reply is lent whole or not at all.
+            for span in spans:
                 entry.lent[span.offset] = span
                 entry.lent_bytes += span.length
         for span, record in zip(spans, records, strict=True):
@@ -217,7 +221,8 @@ class ShmPlane:
 
     def sweep(self) -> int:
         """Reclaim leases silent for ``expires_s`` (or detached) with nothing in flight;
-        return how many."""
+        return how many. Every slot of theirs goes back; a slot found free already (a
+        bug: freed twice) is skipped and raised as ValueError once the rest is back."""
         now = self._clock()
         with self._lock:
             dead = [
@@ -225,14 +230,33 @@ class ShmPlane:
                 for lease, entry in self._leases.items()
                 if entry.busy <= 0 and (entry.detached or now - entry.seen >= self.expires_s)
             ]
-            for lease in dead:
-                entry = self._leases.pop(lease)
-                for span in [*entry.lent.values(), entry.put]:
-                    if span.length:
-                        self._free.give_back(span)
+            spans = [s for lease in dead for s in _held(self._leases.pop(lease)) if s.length]
+            failed = _give_back_each(self._free, spans)
         if dead:
             logger.debug("reclaimed %d shared-memory leases", len(dead))
+        if failed is not None:  # every other span went back; the caller hears of the bug
+            raise failed
         return len(dead)
+
+    def check(self) -> None:
+        """Assert every slot is held once: put areas and GET slots of all leases apart,
+        none of them free, each lease's ``lent_bytes`` its slots' sum, and the free list
+        plus what the leases hold the whole slab. Mutates nothing."""
+        with self._lock:
+            self._free.check()
+            held: list[Span] = []
+            for entry in self._leases.values():
+                assert entry.lent_bytes == sum(s.length for s in entry.lent.values()), entry
+                assert all(offset == s.offset for offset, s in entry.lent.items()), entry
+                held.extend(entry.lent.values())
+                if entry.put.length:
+                    held.append(entry.put)
+            held.sort()
+            for a, b in itertools.pairwise(held):
+                assert a.offset + a.length <= b.offset, f"{a} and {b} are lent at once"
+            for span in held:
+                assert not self._free.overlaps_free(span), f"{span} is lent and free"
+            assert self._free.used == sum(s.length for s in held), "slots unaccounted for"
 
     def stats(self) -> ShmStats:
         with self._lock:
@@ -251,6 +275,21 @@ class ShmPlane:
         if entry is None or entry.detached:
             raise ProtocolError(ErrorCode.NO_LEASE, "unknown shared-memory lease; attach again")
         return entry
+
+
+def _held(entry: _Lease) -> list[Span]:
+    return [*entry.lent.values(), entry.put]
+
+
+def _give_back_each(free: Extents, spans: Sequence[Span]) -> ValueError | None:
+    """Give every span back; the first refusal (a span freed twice), if any."""
+    failed: ValueError | None = None
+    for span in spans:
+        try:
+            free.give_back(span)
+        except ValueError as exc:
+            failed = failed or exc
+    return failed
 
 
 def _create(path: str, size: int) -> mmap.mmap:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 _T = TypeVar("_T")
@@ -14,7 +14,8 @@ _R = TypeVar("_R")
 
 class IoPool:
     """Runs ``fn`` over items in up to ``threads`` chunks; small batches run inline.
-    Thread-safe; ``fn`` must not raise (callers return per-item outcomes)."""
+    Thread-safe; ``fn`` should not raise (callers return per-item outcomes); if it does,
+    ``map`` raises only once every item's ``fn`` has finished."""
 
     def __init__(self, threads: int) -> None:
         self._threads = threads
@@ -40,7 +41,12 @@ class IoPool:
             return [fn(item) for item in items]
         shares = [items[i::chunks] for i in range(chunks)]
         futures = [self._executor().submit(_run_all, fn, part) for part in shares[1:]]
-        results = [_run_all(fn, shares[0])]  # this thread does a share too
+        try:
+            results = [_run_all(fn, shares[0])]  # this thread does a share too
+        finally:
+            # Returns or raises only once no item is in use: a caller then reuses their
+            # buffers (a read that raised must not go on filling a buffer given back).
+            wait(futures)
         results += [f.result() for f in futures]
         out: list[_R] = [None] * len(items)  # type: ignore[list-item]
         for start, part in enumerate(results):

@@ -5,9 +5,10 @@ The opener that can take it exclusively is alone: it decides whether the index
 needs its structural check (a child-process walk, ``storage_backends.lmdb.check``) and removes the
 clean-close marker; the closer that can take it exclusively is the last one, and
 writes the marker after the index is synced. The marker records the index file's
-size, mtime and inode, so an index changed behind the marker's back (restored,
-edited, damaged by a tool) is checked anyway. The marker is a file, not an index
-entry, because it must be read before the index is mapped.
+size, modification and change times and inode, so an index changed behind the
+marker's back (restored, edited, damaged by a tool, its times put back) is checked
+anyway. The marker is a file, not an index entry, because it must be read before the
+index is mapped.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ def _identity(data_file: Path) -> str | None:
         st = os.stat(data_file)
     except OSError:
         return None
-    return f"{st.st_size} {st.st_mtime_ns} {st.st_ino}"
+    # The change time too: a write in place whose modification time was put back keeps
+    # size, inode and mtime; its change time moves (a write within the close's own
+    # timestamp tick would still keep both).
+    return f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}"
 
 
 class Ownership:

@@ -137,7 +137,8 @@ class Fetched(NamedTuple):
 
 
 class UnifiedServer:
-    """One SGLang worker's cache with the hicache linker below it (see the module doc).
+    """One SGLang worker's cache with the hicache linker below it (see the module doc);
+    ``tp_group``: this worker's tensor-parallel group (None: one rank).
 
     SGLang reads its server args while it runs, so they stay installed until
     ``close()``; servers must be closed in the reverse order of their creation.
@@ -150,6 +151,7 @@ class UnifiedServer:
         core: str,
         extra: dict[str, object],
         model: str = "org/linker-model",
+        tp_group: torch.distributed.ProcessGroup | None = None,
     ) -> None:
         self.sg, self.shape = sg, shape
         self.kv = self._device_pool()
@@ -162,6 +164,8 @@ class UnifiedServer:
             token_to_kv_pool_allocator=self.alloc,
             page_size=shape.page_size,
             tree_core_backend=core,
+            tp_cache_group=tp_group,  # as SGLang's scheduler passes its TP group (CPU)
+            attn_tp_cache_group=tp_group,
         )
         self.tp_worker = TpWorker()
         self._args = sg.runtime_context.get_context().override_server_args(
@@ -179,9 +183,9 @@ class UnifiedServer:
             disable_radix_cache=False,
             tp_worker=self.tp_worker,
             model_config=None,
-            tp_size=1,
-            tp_rank=0,
-            tp_group=None,
+            tp_size=1 if tp_group is None else torch.distributed.get_world_size(group=tp_group),
+            tp_rank=0 if tp_group is None else torch.distributed.get_rank(group=tp_group),
+            tp_group=tp_group,
         )
         try:
             self.cache = sg.registry.create_unified_radix_cache(ctx)

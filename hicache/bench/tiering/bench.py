@@ -4,7 +4,7 @@ Four rows, every one with the same device pool: no cache (every token is
 recomputed), device only, device + host, and device + host + storage. --config
 (and --set) decide the model, the device pool, the policies, the host pool of
 the two host rows (host.ratio 2.0 when the config turns the host tier off) and
-the backend of the storage row: lmdb or file in a temporary directory, redis or
+the backend of the storage row: disk, lmdb or file in a temporary directory, redis or
 mooncake under a key prefix of this run, remote on the configured daemon,
 memory as it is; with no storage tier configured, LMDB in a temporary
 directory. It never changes which rows run: `--config device-only` still
@@ -38,18 +38,13 @@ from hicache.bench.common.workloads import (
     longdoc,
     multiturn,
 )
-from hicache.bench.tiering.serving import Served, TierReport, serve
+from hicache.bench.tiering.serving import LINKS, TIERS, Served, TierReport, serve
+from hicache.bench.tiering.stores import storage_setup
 from hicache.cache import HiRadixCache
 from hicache.config.cache import CacheConfig, HostConfig
 from hicache.config.flags import at_least
 from storage_backends import StorageConfig
 
-LINKS = ("d2h", "h2d", "h2s", "s2h")
-TIERS = ("device", "host", "storage")
-# Backends whose store is a directory: the bench gives them a fresh temporary one.
-PATH_BACKENDS = ("lmdb", "file")
-# Backends of a shared network store: the bench uses it under a key prefix of its own.
-NETWORK_BACKENDS = ("redis", "mooncake")
 # What one "round" of each workload is, for the plot's axis.
 ROUND_MEANING = {
     "multiturn": "turn r of every conversation",
@@ -87,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", type=Path, default=None, help="report file (default: OUT/tiering.json)"
     )
     parser.add_argument("--plot", type=Path, default=None, help="plot (default: OUT/tiering.png)")
+    from hicache.bench.tiering.trace import bench as trace_bench
+
+    trace_bench.add_arguments(parser)
 
 
 def build_trace(workload: str, clients: int, rounds: int, seed: int) -> list[TraceRequest]:
@@ -95,18 +93,6 @@ def build_trace(workload: str, clients: int, rounds: int, seed: int) -> list[Tra
     if workload == "longdoc":
         return list(longdoc(LongDocSpec(documents=clients, questions=rounds, seed=seed)))
     return list(fewshot(FewShotSpec(prefixes=clients, queries=rounds, seed=seed)))
-
-
-def storage_setup(config: CacheConfig, store_dir: Path) -> StorageConfig:
-    """The storage tier the full set-up uses (see the module docstring)."""
-    storage = config.storage
-    if not storage.enabled:
-        return StorageConfig(backend="lmdb", path=str(store_dir), max_bytes=8 << 30)
-    if storage.backend in PATH_BACKENDS:
-        return replace(storage, path=str(store_dir))
-    if storage.backend in NETWORK_BACKENDS:  # keys of this run only: no earlier run's pages
-        return replace(storage, key_prefix=f"{storage.key_prefix}-{store_dir.parent.name}")
-    return storage
 
 
 def tier_setups(config: CacheConfig, store_dir: Path) -> list[TierSetup]:
@@ -270,6 +256,10 @@ def print_table(reports: list[TierReport]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trace is not None:
+        from hicache.bench.tiering.trace import bench as trace_bench
+
+        return trace_bench.run(args)
     config: CacheConfig = args.config
     trace = build_trace(args.workload, args.clients, args.rounds, args.seed)
     capacity = config.device.num_tokens

@@ -3,6 +3,7 @@ replay reports (``TierReport``): what the tiering bench, its sharing rows and it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -10,6 +11,9 @@ import torch
 
 from hicache.bench.common.workloads import TraceRequest
 from hicache.cache import HiRadixCache
+
+LINKS = ("d2h", "h2d", "h2s", "s2h")
+TIERS = ("device", "host", "storage")
 
 
 class Served(NamedTuple):
@@ -44,26 +48,33 @@ class TierReport:
 
 
 def serve(cache: HiRadixCache, req: TraceRequest) -> Served:
+    """One request of a generated workload (see ``serve_tokens``)."""
+    return serve_tokens(cache, req.tokens)
+
+
+def serve_tokens(cache: HiRadixCache, tokens: Sequence[int] | torch.Tensor) -> Served:
     """One request, driven the way the reference engine drives the cache,
-    except that every asynchronous step is awaited (see ``hicache.bench.tiering.bench``)."""
-    tokens = req.tokens
+    except that every asynchronous step is awaited (see ``hicache.bench.tiering.bench``).
+    The token ids are converted and checked once, by the first match (``match.key``)."""
     m = cache.match_prefix(tokens)
+    key = m.key
+    assert key is not None  # match_prefix always returns the converted key
     device, fetched = m.device_hit_length, 0
     # The prefetch job looks storage up, then fetches, on the storage workers.
-    if cache.storage is not None and cache.prefetch("bench", tokens, None, m.last_host_node):
+    if cache.storage is not None and cache.prefetch("bench", key, None, m.last_host_node):
         fetched = cache.wait_prefetch("bench").fetched_tokens
         cache.release_prefetch("bench")
-        m = cache.match_prefix(tokens)
+        m = cache.match_prefix(key)
     prefix, last, _ = cache.admit(m)
     cache.start_loading()
     for layer in range(cache.device_pool.shape.num_layers):
         cache.wait_layer(layer)
-    n_new = len(tokens) - prefix.numel()
+    n_new = len(key) - prefix.numel()
     new = cache.alloc_device(n_new)
     if new is None:
         raise RuntimeError(f"no device room for a request: {cache.device_shortfall(n_new)}")
-    cache.cache_finished_req(tokens, torch.cat([prefix, new[:n_new]]), last)
+    cache.cache_finished_req(key, torch.cat([prefix, new[:n_new]]), last)
     cache.drain()
     reused = int(prefix.numel())
-    aligned = len(tokens) // cache.page_size * cache.page_size
+    aligned = len(key) // cache.page_size * cache.page_size
     return Served(device, max(reused - device - fetched, 0), fetched, aligned)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicache.daemon.reply_pool import ReplyPool
+from hicache.daemon.reply_pool import POISON, ReplyPool, poison_from
 
 
 def test_a_buffer_given_back_is_lent_again_for_the_same_size() -> None:
@@ -33,13 +33,42 @@ def test_free_buffers_kept_are_bounded_and_foreign_or_double_returns_are_ignored
     pool.give_back_all(views)
     pool.give_back_all(views)  # twice: ignored
     pool.give_back(memoryview(bytearray(1000)))  # never lent: ignored
-    assert pool.size() == (0, 3000)
+    assert pool.size() == (0, 3000, 0)
     owners = {id(view.obj) for view in views}
     reused = [pool.take(1000) for _ in range(4)]
     assert sum(id(view.obj) in owners for view in reused) == 3
-    assert pool.size() == (4, 0)
+    assert pool.size() == (4, 0, 0)
 
 
 def test_a_negative_bound_is_refused() -> None:
     with pytest.raises(ValueError, match="keep_bytes"):
         ReplyPool(keep_bytes=-1)
+
+
+def test_poison_fills_every_buffer_given_back_and_finds_one_written_while_free() -> None:
+    pool = ReplyPool(keep_bytes=1 << 20, poison=True)
+    kept, let_go = pool.take(1000), pool.take(1 << 21)  # the second is over the bound
+    kept[:] = b"r" * 1000
+    let_go_owner = let_go.obj
+    pool.give_back_all([kept, let_go])
+    for owner in (kept.obj, let_go_owner):
+        assert POISON in bytes(owner) and b"r" not in bytes(owner)
+    kept[500] = 0  # a stale holder writes a buffer given back
+    again = pool.take(1000)
+    assert again.obj is kept.obj and pool.size().tampered == 1
+    pool.give_back(again)
+    pool.take(1000)  # poisoned whole again when given back: nothing more to report
+    assert pool.size().tampered == 1
+
+
+def test_without_poison_a_buffer_given_back_keeps_its_bytes() -> None:
+    pool = ReplyPool()
+    view = pool.take(64)
+    view[:] = b"p" * 64
+    pool.give_back(view)
+    assert bytes(pool.take(64)) == b"p" * 64 and pool.size().tampered == 0
+
+
+def test_the_poison_is_on_when_its_variable_is_set_and_not_0() -> None:
+    assert not poison_from({}) and not poison_from({"HICACHE_DAEMON_POISON": "0"})
+    assert poison_from({"HICACHE_DAEMON_POISON": "1"})

@@ -1,0 +1,1 @@
+"""Replaying request traces (Mooncake format) through the cache: `bench tiering --trace`."""
