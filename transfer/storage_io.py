@@ -6,7 +6,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -120,12 +120,7 @@ class StorageCompletion(NamedTuple):
     @property
     def leading_hits(self) -> int:
         """Pages usable as a prefix: results up to the first failure."""
-        n = 0
-        for ok in self.results:
-            if not ok:
-                break
-            n += 1
-        return n
+        return leading(self.results)
 
 
 class StorageIO:
@@ -283,7 +278,7 @@ class StorageIO:
             results += got
             nbytes += timing.nbytes
             timed = (*timed, timing)
-            lead = _leading_count(got)
+            lead = leading(got)
             if job.progress is not None:
                 job.progress.landed(lead, sum(sizes[:lead]))
             if lead < len(got):
@@ -308,7 +303,8 @@ class StorageIO:
         return got, sizes, OpTiming("get", seconds, moved)
 
 
-def _leading_count(results: list[bool]) -> int:
+def leading(results: Sequence[bool]) -> int:
+    """Pages usable as a prefix: results up to the first failure."""
     n = 0
     for ok in results:
         if not ok:

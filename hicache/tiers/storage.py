@@ -35,7 +35,7 @@ from hicache.tiers.records import (
 from hicache.tiers.results import PrefetchStatus
 from hicache.tree.errors import CacheError
 from hicache.tree.radix_tree import Key
-from transfer.storage_io import ReadProgress, StorageCompletion, StorageIO, StorageJob
+from transfer.storage_io import ReadProgress, StorageCompletion, StorageIO, StorageJob, leading
 
 logger = logging.getLogger("hicache.cache")
 
@@ -235,11 +235,11 @@ class StorageTier:
             ok = done.error is None and all(done.results)
             if not ok:
                 logger.debug("storage put %d incomplete: %s", done.job_id, done.error)
-            leading = _leading(done.results)
-            return PutDone(done.job_id, pin, event, leading, ok, done.nbytes, done.timings)
+            stored = leading(done.results)
+            return PutDone(done.job_id, pin, event, stored, ok, done.nbytes, done.timings)
         if done.job_id in self._prefetch_jobs:
             state = self._prefetch_jobs.pop(done.job_id)
-            got = _leading(done.results)
+            got = leading(done.results)
             state.fetched, state.done = got * self.page_size, True
             if done.found:
                 self._remember(state.keys[0], done.found)
@@ -291,13 +291,3 @@ def prefetch_outcome(done: PrefetchDone, page_size: int, threshold: int) -> str:
     if done.planned_pages == 0 or done.state.cut:
         return "declined"
     return "failed"  # storage listed the pages but none could be read
-
-
-def _leading(results: tuple[bool, ...]) -> int:
-    """Pages usable as a prefix: results up to the first failure."""
-    n = 0
-    for ok in results:
-        if not ok:
-            break
-        n += 1
-    return n
