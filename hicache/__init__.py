@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from hicache import _moved
 from hicache._version import __version__
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers
+    from hicache.policies.rates import RatesSnapshot as RatesSnapshot
+    from hicache.policies.rates import format_rates as format_rates
 
 _moved.install()  # old module paths keep working for one release, with a warning
 
@@ -16,6 +21,8 @@ _EXPORTS = {
     "MatchResult": "hicache.cache",
     "InsertResult": "hicache.cache",
     "CacheConfig": "hicache.config.cache",
+    "RatesSnapshot": "hicache.policies.rates",
+    "format_rates": "hicache.policies.rates",
     "TokenKey": "hicache.tree.radix_tree",
     "extend_key": "hicache.tree.radix_tree",
 }

@@ -16,7 +16,6 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -31,7 +30,9 @@ from hicache.observe.metrics import CacheMetrics, CacheStats
 from hicache.observe.observer import Observer
 from hicache.observe.prometheus import Gauges
 from hicache.policies.eviction import create_eviction_policy
-from hicache.policies.prefetch import create_prefetch_policy
+from hicache.policies.prefetch import StoragePlan, create_prefetch_policy
+from hicache.policies.prefetch_cost import CostSettings, PrefixParts
+from hicache.policies.rates import Clock, RatesSnapshot
 from hicache.policies.write import create_write_policy
 from hicache.tiers.host import HostTier
 from hicache.tiers.records import (
@@ -41,6 +42,7 @@ from hicache.tiers.records import (
     LoadFailed,
     LookupDone,
     PrefetchDone,
+    PrefetchState,
     PutDone,
     StorageRemoved,
     WaitTimedOut,
@@ -57,18 +59,19 @@ from hicache.tiers.results import (
     PrefetchStatus,
     UnfinishedResult,
 )
-from hicache.tiers.storage import StorageTier
+from hicache.tiers.storage import StorageTier, prefetch_outcome
 from hicache.tree.door import (
+    InsertArgs,
     check_count,
+    check_insert,
     check_namespace,
     check_on_path,
     check_request_id,
-    check_tail_page,
 )
 from hicache.tree.errors import CacheError
 from hicache.tree.integrity import check_tree
 from hicache.tree.paging import align_down, align_up, empty_slots
-from hicache.tree.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
+from hicache.tree.radix_tree import RadixTree, Tokens, TreeNode, as_token_list
 from host_pool import HostKVPool
 from storage_backends import StorageBackend
 from storage_backends.guard import GuardedBackend, open_guarded
@@ -91,19 +94,6 @@ Record = (
 )
 
 
-class _Door(NamedTuple):
-    """An insert's checked arguments: the key, its whole-page length, and
-    where the slots must become the request's own (past a locked
-    ``last_node``; None when no node was locked)."""
-
-    key: Key
-    aligned: int
-    own_from: int | None
-    slots: np.ndarray  # the device slots' numpy view: cheaper slicing than torch
-    tail: np.ndarray  # the whole page under a partial last page's slots (or none)
-    last_node: TreeNode | None  # checked on the key's path: the insert's walk starts there
-
-
 class HiRadixCache:
     """Radix cache of KV pages across device, host and storage tiers.
 
@@ -122,12 +112,15 @@ class HiRadixCache:
         host_pool: HostKVPool | None = None,
         transfer: TransferEngine | None = None,
         storage: StorageBackend | None = None,
+        clock: Clock = time.monotonic,
     ) -> None:
         """Pools, the transfer engine and the storage backend are built from
         ``config`` unless given (an engine passes its own device pool; tests
-        pass a fault-injecting transfer engine). A constructor that fails
-        releases everything it started (worker threads, sockets, the store)."""
+        pass a fault-injecting transfer engine, and a fake ``clock`` for the
+        prefetch budgets, deadlines and measured rates). A constructor that
+        fails releases everything it started (worker threads, sockets, the store)."""
         self._life = Lifecycle(self)
+        self._clock = clock
         try:
             self._build(config, device_pool, host_pool, transfer, storage)
         except BaseException:
@@ -158,6 +151,7 @@ class HiRadixCache:
         self.keys = NodeKeys(self.fingerprint, ps)
         self._write = create_write_policy(config.policy.write_policy)
         self._prefetch = create_prefetch_policy(config.policy.prefetch_policy)
+        self._cost = CostSettings(config.policy.cost_margin, config.policy.cost_probe_s)
         evict_policy = create_eviction_policy(config.policy.eviction)
         self.residency = ResidencyTree(ps, self.device_pool.allocator, evict_policy, self._on_split)
         self.host: HostTier | None = None
@@ -167,7 +161,7 @@ class HiRadixCache:
             self.host = HostTier(self.host_pool, engine, self.residency.tree, evict_policy)
             self._life.started(self.host.close)
         self.store = self._build_storage(storage)
-        self.observer = Observer(config, self.keys, self._gauges)
+        self.observer = Observer(config, self.keys, self._gauges, self._clock)
         self._life.started(self.observer.close)
 
     def _build_storage(self, backend: StorageBackend | None) -> StorageTier | None:
@@ -182,9 +176,9 @@ class HiRadixCache:
             guarded = open_guarded(cfg.backend, named)
         else:
             guarded = GuardedBackend(backend, None, cfg.timeout_s)
-        io = StorageIO(guarded, self.host_pool, self.config.policy.io_workers)
+        io = StorageIO(guarded, self.host_pool, self.config.policy.io_workers, self._clock)
         self._life.started(functools.partial(io.close, cfg.timeout_s))
-        return StorageTier(io, self.page_size, cfg.timeout_s)
+        return StorageTier(io, self.page_size, cfg.timeout_s, self._clock)
 
     def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:
         if self.host is not None:
@@ -306,36 +300,16 @@ class HiRadixCache:
         return UnfinishedResult(indices, result.last_node, result.prefix_len)
 
     def _door(
-        self,
-        tokens: Tokens,
-        slots: torch.Tensor,
-        namespace: str | None,
-        last_node: TreeNode | None = None,
-    ) -> _Door:
-        """Every check of an insert's arguments that needs no walk; a locked
-        ``last_node`` must lie on the tokens' path. That the slots past it are
-        the request's own is checked by the insert's one allocator check
-        (``own_from``), before anything but a content-neutral split changes."""
-        check_namespace(namespace)
-        key = as_token_list(tokens)
-        if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
-            raise ValueError("device_slots must be a 1-D int64 tensor")
-        if slots.numel() != len(key):
-            raise ValueError(f"{len(key)} tokens but {slots.numel()} device slots")
-        aligned = align_down(len(key), self.page_size)
-        arr = slots.numpy() if slots.is_cpu else slots.cpu().numpy()
-        tail = NO_SLOTS
-        if aligned < len(key):
-            tail = check_tail_page(arr[aligned:], self.device_pool.allocator.page_slots)
-        depth = None
-        if last_node is not None:
-            self.residency.check_node(last_node, locked=True)
-            depth = check_on_path(self.tree, last_node, key, namespace, "last_node")
-        return _Door(key, aligned, depth, arr, tail, last_node)
+        self, tokens: Tokens, slots: torch.Tensor, ns: str | None, last: TreeNode | None = None
+    ) -> InsertArgs:
+        if last is not None:
+            self.residency.check_node(last, locked=True)
+        page_of = self.device_pool.allocator.page_slots
+        return check_insert(self.tree, tokens, slots, ns, last, page_of)
 
     def _insert(
         self,
-        door: _Door,
+        door: InsertArgs,
         ns: str | None,
         tail: np.ndarray,
         finished: bool,
@@ -389,15 +363,7 @@ class HiRadixCache:
     def device_shortfall(self, num_tokens: int) -> DeviceShortfall:
         """Why ``num_tokens`` device tokens cannot be had now: what holds the
         device pool. Read-only; for error messages."""
-        pinned = sum(len(n.key) for n in self.tree.nodes() if n.host is not None and n.host_ref > 0)
-        return DeviceShortfall(
-            needed=align_up(num_tokens, self.page_size),
-            free=self.device_pool.allocator.available(),
-            locked=self.residency.protected_size(),
-            request_held=self.request_held_size(),
-            evictable=self.residency.evictable_size(),
-            host_pinned=pinned,
-        )
+        return self.residency.shortfall(align_up(num_tokens, self.page_size))
 
     def free_device(self, slots: torch.Tensor) -> None:
         """Return request-held slots (whole pages) that never reached the tree;
@@ -562,13 +528,31 @@ class HiRadixCache:
         ``start_loading()`` once for the batch, and ``dec_lock_ref`` /
         ``cache_*_req`` on ``result.last_node`` later."""
         prefix, last, loaded = match.device_indices, match.last_device_node, 0
-        if match.host_hit_length and self.transfer is not None:
+        if match.host_hit_length and self.transfer is not None and self._worth_loading(match):
             lb = self.init_load_back(match.last_host_node, match.host_hit_length)
             if lb.loaded_tokens:
                 prefix, last = torch.cat([prefix, lb.device_indices]), lb.last_node
                 loaded = lb.loaded_tokens
         self.residency.lock(last)
         return AdmitResult(prefix, last, loaded)
+
+    def _worth_loading(self, match: MatchResult) -> bool:
+        """The prefetch policy's word on loading the host hit back (``cost``:
+        only when it arrives clearly before it could be recomputed)."""
+        bpt = self.device_pool.shape.bytes_per_token
+        parts = PrefixParts(match.device_hit_length, match.host_hit_length, 0, self.page_size, bpt)
+        return self._prefetch.plan(parts, self.observer.rates.snapshot(), self._cost).host > 0
+
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        """The engine computed ``tokens`` new tokens (all its requests') in one
+        forward pass of ``seconds``: the prefill speed the ``cost`` policy
+        weighs loads against. ValueError for bad figures."""
+        self.observer.rates.record_prefill(tokens, seconds)
+
+    def rates(self) -> RatesSnapshot:
+        """What was measured: each link's bandwidth (with its spread) and the
+        prefill speed by length (thread-safe; ``format_rates`` prints it)."""
+        return self.observer.rates.snapshot()
 
     def start_loading(self) -> None:
         """Launch every queued load-back, layer by layer: the loads the next
@@ -590,9 +574,10 @@ class HiRadixCache:
         past ``last_host_node`` that storage holds: one job on the storage I/O
         workers (this call never waits for the backend). Returns the tokens
         looked up (0 when fewer than ``policy.prefetch_threshold`` could be,
-        or no host room); ``check_prefetch`` reports how many arrived. On
-        completion they are inserted as host-only nodes. CacheError if
-        ``request_id`` already has a prefetch."""
+        when the policy judges none worth reading, or no host room);
+        ``check_prefetch`` reports how many arrived. On completion they are
+        inserted as host-only nodes. CacheError if ``request_id`` already has
+        a prefetch."""
         check_request_id(request_id)
         if self.store is None or self.host is None:
             return 0
@@ -602,95 +587,113 @@ class HiRadixCache:
         key = as_token_list(tokens)
         self.residency.check_node(last_host_node, locked=False)
         start = check_on_path(self.tree, last_host_node, key, namespace, "last_host_node")
-        aligned = align_down(len(key), self.page_size)
-        threshold = self.config.policy.prefetch_threshold
-        if aligned - start <= 0 or aligned - start < threshold:
+        aligned, ps = align_down(len(key), self.page_size), self.page_size
+        min_pages = -(-self.config.policy.prefetch_threshold // ps)
+        if aligned - start <= 0 or aligned - start < self.config.policy.prefetch_threshold:
             return 0
-        keys = page_keys(
-            self.keys.chain_from(last_host_node), namespace, key[start:aligned], self.page_size
+        chain, bpt = (
+            self.residency.host_chain(last_host_node),
+            self.device_pool.shape.bytes_per_token,
         )
-        pin = self.host.pin(self.residency.host_chain(last_host_node))  # what the pages hang from
+        host_len = sum(len(n.key) for n in chain)
+        parts = PrefixParts(start - host_len, host_len, aligned - start, ps, bpt)
+        plan = StoragePlan(self._prefetch, parts, self.observer.rates.snapshot(), self._cost)
+        if not plan.pages((aligned - start) // ps) and not plan.pages(min_pages):
+            self.observer.metrics.add("prefetch_started")  # judged too slow: not even looked up
+            self.observer.metrics.add("prefetch_declined")
+            return 0
+        keys = page_keys(self.keys.chain_from(last_host_node), namespace, key[start:aligned], ps)
+        pin = self.host.pin(chain)  # what the pages hang from
         self._make_host_room(aligned - start)
         slots = self.host.reserve(aligned - start)
         if slots is None:
             self.host.unpin(pin)
             return 0
-        min_pages = -(-threshold // self.page_size)
-        self.store.start_prefetch(request_id, key, namespace, start, keys, slots, pin, min_pages)
+        self.store.start_prefetch(
+            request_id, key, namespace, start, keys, slots, pin, min_pages, plan, bpt * ps
+        )
         self.observer.metrics.add("prefetch_started")
         return aligned - start
 
     def check_prefetch(self, request_id: str) -> PrefetchStatus:
-        """Progress of ``request_id``'s prefetch and whether the request may
-        proceed under ``policy.prefetch_policy``; never waits. CacheError if
-        unknown."""
+        """Progress of ``request_id``'s prefetch (tokens arrived so far) and
+        whether the request may proceed under ``policy.prefetch_policy``; never
+        waits. CacheError if unknown."""
         state = self.store.prefetch(request_id) if self.store else None
         if state is None or self.store is None:
             raise CacheError(f"no prefetch for request {request_id!r}")
         if not state.done:
             self._route(self.store.poll())
-        total = len(state.keys) * self.page_size
-        policy = self.config.policy
+        policy, total = self.config.policy, len(state.keys) * self.page_size
         budget = policy.prefetch_timeout_base_s + policy.prefetch_timeout_per_1k_s * total / 1000
-        waited = time.monotonic() - state.started
-        ready = self._prefetch.ready(state.done, waited, budget)
-        return PrefetchStatus(ready, state.done, state.fetched, total)
+        return self.store.status(state, self._prefetch, budget)
 
-    def wait_prefetch(self, request_id: str) -> PrefetchStatus:
+    def wait_prefetch(self, request_id: str, timeout_s: float | None = None) -> PrefetchStatus:
         """Block until ``request_id``'s prefetch has landed and been inserted,
-        at most ``storage.timeout_s``; then the request goes on without it
-        (``ready`` and not ``done``: its pages are misses; the job still lands
-        later and is inserted then)."""
+        at most ``timeout_s`` (default and cap: ``storage.timeout_s``); after
+        the default bound the request goes on without it (``ready``, not
+        ``done``: the job lands later). With ``timeout_s``, ``ready`` is the
+        policy's."""
         if self.store is None:
             raise CacheError(f"no prefetch for request {request_id!r}")
         job = self.store.prefetch_job(request_id)
+        bounded = timeout_s is not None
         if job is not None:
-            self._route(self.store.wait(job))
+            limit = min(timeout_s, self.store.timeout_s) if timeout_s is not None else None
+            self._route(self.store.wait(job, limit, quiet=bounded))
         status = self.check_prefetch(request_id)
-        return status if status.done else status._replace(ready=True)
+        return status if status.done or bounded else status._replace(ready=True)
 
     def release_prefetch(self, request_id: str) -> None:
-        """The request no longer waits on its prefetch (how long it waited goes
-        into the ``prefetch_wait`` histogram); a fetch still running is inserted
-        when it lands. CacheError if unknown."""
+        """The request goes on (how long it waited goes into the
+        ``prefetch_wait`` histogram). A fetch still running hands the pages
+        that have arrived to the tree now; under a policy that cuts (``cost``)
+        the rest of it stops, else it is inserted when it lands. CacheError
+        if unknown."""
         if self.store is None:
             raise CacheError(f"no prefetch for request {request_id!r}")
-        waited = time.monotonic() - self.store.prefetch(request_id).started
+        state = self.store.prefetch(request_id)
+        waited = self.observer.rates.clock() - state.started
+        if not state.done:
+            got = self.store.take_arrived(request_id, self._prefetch.cuts)
+            if got.cut:
+                self.observer.metrics.add("prefetch_cuts")
+                if got.seconds > 0:  # counts with what it moved (a page at least: one was due)
+                    page = self.page_size * self.device_pool.shape.bytes_per_token
+                    self.observer.rates.record_s2h(max(got.nbytes, page), got.seconds)
+            self._adopt_prefetched(got.state, got.lo, got.hi)
         self.store.release(request_id)
         self.observer.latency("prefetch_wait", waited)  # prefetch() until the request went on
 
     def _finish_prefetch(self, done: PrefetchDone) -> None:
         assert self.host is not None
-        state, ps = done.state, self.page_size
-        got = done.fetched_pages * ps
+        state = done.state
+        got = max(done.fetched_pages * self.page_size, state.taken)
         self.observer.metrics.record_transfer("s2h", done.nbytes, done.ok)
-        self.observer.metrics.add(f"prefetch_{self._prefetch_outcome(done)}")
+        outcome = prefetch_outcome(done, self.page_size, self.config.policy.prefetch_threshold)
+        self.observer.metrics.add(f"prefetch_{outcome}")
+        if done.read is not None and not state.cut:  # a cut read was counted when cut
+            self.observer.rates.record_s2h(*done.read)
         self.host.free_reserved(state.host_slots[got:])
-        slots = state.host_slots[:got]
-        graft = self.residency.graft(state.key[: state.start + got], state.namespace, state.start)
-        if graft.have < 0:  # the prefix they hang from is gone: nothing to attach to
-            self.host.free_reserved(slots)
-        else:
-            self.host.free_reserved(slots[: graft.have])
-        if graft.node is not None:
-            self.host.adopt(graft.node, slots[graft.have :])
-            self.keys.assign(graft.node, state.keys[graft.have // ps : got // ps])
-            self.observer.stored(graft.node, "host")
+        self._adopt_prefetched(state, state.taken, got)
         self.host.unpin(state.pin_id)
 
-    def _prefetch_outcome(self, done: PrefetchDone) -> str:
-        """One outcome per finished prefetch; only ``failed`` is a fault (a
-        prompt storage has never seen is a ``miss``, the healthy common case)."""
-        got = done.fetched_pages * self.page_size
-        if got:
-            return "complete" if got == done.state.host_slots.numel() else "partial"
-        if not done.ok:
-            return "failed"
-        if done.found_pages == 0:
-            return "miss"
-        if done.found_pages * self.page_size < self.config.policy.prefetch_threshold:
-            return "below_threshold"
-        return "failed"  # storage listed the pages but none could be read
+    def _adopt_prefetched(self, state: PrefetchState, lo: int, hi: int) -> None:
+        """Tokens ``[lo, hi)`` of a prefetch's reserved host slots landed: they
+        become a host-only node below what the tree holds of their prefix."""
+        if hi <= lo:
+            return
+        assert self.host is not None
+        slots, ps = state.host_slots[lo:hi], self.page_size
+        graft = self.residency.graft(
+            state.key[: state.start + hi], state.namespace, state.start + lo
+        )
+        # graft.have < 0: the prefix they hang from is gone, nothing to attach to.
+        self.host.free_reserved(slots if graft.have < 0 else slots[: graft.have])
+        if graft.node is not None:
+            self.host.adopt(graft.node, slots[graft.have :])
+            self.keys.assign(graft.node, state.keys[(lo + graft.have) // ps : hi // ps])
+            self.observer.stored(graft.node, "host")
 
     # completions -------------------------------------------------------------
     def poll(self) -> PollResult:
@@ -728,6 +731,8 @@ class HiRadixCache:
                 backups, failures = backups + rec.ok, failures + (not rec.ok)
             elif isinstance(rec, LoadDone):
                 self.observer.metrics.record_transfer("h2d", rec.nbytes, True)
+                if rec.copy_s > 0:  # the engine timed the copy itself
+                    self.observer.rates.record_h2d(rec.nbytes, rec.copy_s)
                 self.observer.latency("load_back", rec.seconds)
                 for n in rec.nodes:
                     self.observer.stored(n, "device")
@@ -841,18 +846,12 @@ class HiRadixCache:
             storage_capacity_bytes=store.capacity_bytes if store else 0,
             storage_pages=store.entries if store else 0,
             storage=store,
+            rates=self.observer.rates.snapshot(),
         )
 
     def pretty_print(self) -> str:
         """The tree as indented text, one node a line."""
-        lines: list[str] = []
-        stack = [(c, 1) for c in self.tree.root.children.values()]
-        while stack:
-            node, depth = stack.pop()
-            head = node.key[: min(4, len(node.key))]
-            lines.append(f"{'  ' * depth}{node!r} ns={node.namespace!r} key={head}…")
-            stack.extend((c, depth + 1) for c in node.children.values())
-        return "\n".join(["root", *lines])
+        return self.tree.render()
 
     def check_integrity(self) -> None:
         """Assert every invariant of DESIGN §3 and each part's own ``check()``;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -63,3 +64,17 @@ class GatherOnlyMemory(MemoryBackend):
     def put_gather(self, keys: Sequence[bytes], src: list[Sequence[memoryview]]) -> list[bool]:
         pages = [memoryview(b"".join(bytes(run) for run in runs)) for runs in src]
         return MemoryBackend.put(self, keys, pages)
+
+
+class SlowMemory(MemoryBackend):
+    """A memory store whose every read call takes ``DELAY_S`` more (a slow link)."""
+
+    DELAY_S = 0.05
+
+    def get(self, keys: Sequence[bytes], dst: list[memoryview]) -> list[bool]:
+        time.sleep(self.DELAY_S)
+        return MemoryBackend.get(self, keys, dst)
+
+    def get_scatter(self, keys: Sequence[bytes], dst: list[Sequence[memoryview]]) -> list[bool]:
+        time.sleep(self.DELAY_S)
+        return MemoryBackend.get_scatter(self, keys, dst)

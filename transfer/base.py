@@ -48,13 +48,16 @@ class TransferOp:
 
 
 class Completion(NamedTuple):
-    """The outcome of one op; ``nbytes`` counts the bytes actually copied."""
+    """The outcome of one op; ``nbytes`` counts the bytes actually copied,
+    ``seconds`` the time from the op's first copy starting to its last
+    ending (0.0 where the engine does not time its copies)."""
 
     op_id: int
     kind: str
     ok: bool
     error: str | None
     nbytes: int
+    seconds: float = 0.0
 
 
 class TransferEngine(ABC):

@@ -6,6 +6,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from typing import NamedTuple
 
 from device_pool.kv_pool import DeviceKVPool
@@ -33,6 +34,13 @@ class _OpRun:
         self._remaining = layers
         self._moved = 0
         self._error: str | None = None
+        self._began: float | None = None
+
+    def began(self) -> None:
+        """A layer's copy starts (the op's time runs from the first)."""
+        with self._lock:
+            if self._began is None:
+                self._began = time.perf_counter()
 
     def layer_done(self, nbytes: int, error: str | None) -> Completion | None:
         """Record one layer; returns the op's completion once every layer reported."""
@@ -43,9 +51,9 @@ class _OpRun:
                 self._error = error
             if self._remaining:
                 return None
-            return Completion(
-                self.op.op_id, self.op.kind, self._error is None, self._error, self._moved
-            )
+            seconds = time.perf_counter() - (self._began or time.perf_counter())
+            ok = self._error is None
+            return Completion(self.op.op_id, self.op.kind, ok, self._error, self._moved, seconds)
 
 
 class _Task(NamedTuple):
@@ -138,6 +146,7 @@ class CpuTransferEngine(QueuedEngine):
             self._mailbox.put(done)
 
     def _copy_layer(self, run: _OpRun, layer: int) -> int:
+        run.began()
         if run.delay:
             self._stop.wait(run.delay)
         if run.fail:

@@ -6,6 +6,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -18,6 +19,52 @@ logger = logging.getLogger(__name__)
 
 
 JobKind = Literal["put", "get", "prefetch", "lookup", "removed"]
+Clock = Callable[[], float]
+
+
+class ReadView(NamedTuple):
+    """Where a prefetch's read stands: ``found`` leading pages in storage and
+    ``planned`` to read (-1 both until the lookup is done), ``arrived``
+    leading pages in host memory and verified (``nbytes``), ``started`` the
+    clock time the read began (None before), ``cut``: stopped by the owner."""
+
+    found: int
+    planned: int
+    arrived: int
+    nbytes: int
+    started: float | None
+    cut: bool
+
+
+class ReadProgress:
+    """A prefetch's read as it goes, shared by the owner and the I/O worker
+    running it. The worker records the lookup (``decided``) and each piece
+    that ``landed``; the owner reads ``view()`` and may ``cut()`` the read:
+    the worker then starts no further piece. Thread-safe."""
+
+    def __init__(self, clock: Clock = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._view = ReadView(-1, -1, 0, 0, None, False)
+
+    def decided(self, found: int, planned: int) -> None:
+        with self._lock:
+            self._view = self._view._replace(found=found, planned=planned, started=self.clock())
+
+    def landed(self, pages: int, nbytes: int) -> None:
+        with self._lock:
+            v = self._view
+            self._view = v._replace(arrived=v.arrived + pages, nbytes=v.nbytes + nbytes)
+
+    def cut(self) -> ReadView:
+        """Stop the read after the piece in flight; what had arrived by now."""
+        with self._lock:
+            self._view = self._view._replace(cut=True)
+            return self._view
+
+    def view(self) -> ReadView:
+        with self._lock:
+            return self._view
 
 
 @dataclass(frozen=True)
@@ -29,6 +76,8 @@ class StorageJob:
     - ``prefetch``: look ``keys`` up (``exists``), then, if at least
       ``min_pages`` leading pages exist, get them into the first pages of
       ``host_slots`` (one job: the owner thread never waits for the lookup);
+      ``plan`` (pure, any thread) says how many of the found pages to read
+      (default: all), in pieces of ``piece_pages``, reported to ``progress``;
     - ``lookup``: count the leading ``keys`` present (no slots);
     - ``removed``: drain the backend's removal journal (no keys, no slots).
 
@@ -39,19 +88,24 @@ class StorageJob:
     keys: tuple[bytes, ...]
     host_slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     min_pages: int = 1
+    plan: Callable[[int], int] | None = None
+    progress: ReadProgress | None = None
+    piece_pages: int = 0  # 0: one piece
 
 
 class OpTiming(NamedTuple):
-    """One backend call a job made, timed on the worker that made it."""
+    """One backend call a job made, timed on the worker that made it, and the
+    bytes it moved (a get: the pages it found)."""
 
     op: Literal["exists", "get", "put"]
     seconds: float
+    nbytes: int = 0
 
 
 class StorageCompletion(NamedTuple):
     """One finished job: per-page results (all False on ``error``), bytes moved,
-    leading pages found by a lookup (``prefetch``/``lookup``) and the keys a
-    ``removed`` job drained."""
+    leading pages found by a lookup (``prefetch``/``lookup``), the pages a
+    prefetch chose to read of them, and the keys a ``removed`` job drained."""
 
     job_id: int
     kind: str
@@ -61,16 +115,12 @@ class StorageCompletion(NamedTuple):
     found: int = 0
     removed: tuple[bytes, ...] = ()
     timings: tuple[OpTiming, ...] = ()
+    planned: int = 0
 
     @property
     def leading_hits(self) -> int:
         """Pages usable as a prefix: results up to the first failure."""
-        n = 0
-        for ok in self.results:
-            if not ok:
-                break
-            n += 1
-        return n
+        return leading(self.results)
 
 
 class StorageIO:
@@ -83,8 +133,15 @@ class StorageIO:
     Raises RuntimeError on ``submit`` after ``close``.
     """
 
-    def __init__(self, backend: StorageBackend, host_pool: HostKVPool, num_workers: int = 2):
+    def __init__(
+        self,
+        backend: StorageBackend,
+        host_pool: HostKVPool,
+        num_workers: int = 2,
+        clock: Clock = time.perf_counter,
+    ):
         self.backend = backend
+        self._clock = clock  # times the backend calls (tests pass a fake one)
         self._host = host_pool
         self._jobs: queue.Queue[tuple[int, StorageJob] | None] = queue.Queue()
         self._done: queue.Queue[StorageCompletion] = queue.Queue()
@@ -181,43 +238,79 @@ class StorageIO:
             self._done.put(done)
 
     def _run(self, job_id: int, job: StorageJob) -> StorageCompletion:
+        clock = self._clock
         if job.kind == "put":
             src = self._host.page_bytes(job.host_slots)
-            start = time.perf_counter()
+            start = clock()
             results = self.backend.put(job.keys, src)
-            timing = OpTiming("put", time.perf_counter() - start)
             nbytes = sum(len(v) for v, ok in zip(src, results, strict=True) if ok)
+            timing = OpTiming("put", clock() - start, nbytes)
             return StorageCompletion(job_id, "put", tuple(results), None, nbytes, timings=(timing,))
         if job.kind == "removed":
             removed = tuple(self.backend.take_removed())
             return StorageCompletion(job_id, "removed", (), None, 0, removed=removed)
         if job.kind == "get":
             return self._get(job_id, job, len(job.keys), len(job.keys), ())
-        start = time.perf_counter()
+        start = clock()
         found = self.backend.exists(list(job.keys)) if job.keys else 0
-        looked = (OpTiming("exists", time.perf_counter() - start),) if job.keys else ()
+        looked = (OpTiming("exists", clock() - start),) if job.keys else ()
         if job.kind == "lookup":
             return StorageCompletion(job_id, "lookup", (), None, 0, found=found, timings=looked)
         fetch = found if found >= job.min_pages else 0
+        if fetch and job.plan is not None:
+            fetch = max(0, min(fetch, job.plan(fetch)))
+        if job.progress is not None:
+            job.progress.decided(found, fetch)
         return self._get(job_id, job, fetch, found, looked)
 
     def _get(
         self, job_id: int, job: StorageJob, pages: int, found: int, timed: tuple[OpTiming, ...]
     ) -> StorageCompletion:
-        """Get the first ``pages`` keys into the first pages of the job's slots;
-        ``timed``: the backend calls the job made before."""
-        if pages == 0:
-            missed = (False,) * len(job.keys)
-            return StorageCompletion(job_id, job.kind, missed, None, 0, found, timings=timed)
+        """Get the first ``pages`` keys into the first pages of the job's slots,
+        piece by piece; a piece with a miss, or a cut, ends the read (a prefix
+        has no gaps). ``timed``: the backend calls the job made before."""
+        results: list[bool] = []
+        nbytes, step = 0, job.piece_pages or max(pages, 1)
+        for lo in range(0, pages, step):
+            if job.progress is not None and job.progress.view().cut:
+                break
+            got, sizes, timing = self._get_piece(job, lo, min(lo + step, pages))
+            results += got
+            nbytes += timing.nbytes
+            timed = (*timed, timing)
+            lead = leading(got)
+            if job.progress is not None:
+                job.progress.landed(lead, sum(sizes[:lead]))
+            if lead < len(got):
+                break
+        padded = (*results, *(False,) * (len(job.keys) - len(results)))
+        return StorageCompletion(
+            job_id, job.kind, padded, None, nbytes, found, (), timed, planned=pages
+        )
+
+    def _get_piece(
+        self, job: StorageJob, lo: int, hi: int
+    ) -> tuple[list[bool], list[int], OpTiming]:
+        """Pages ``[lo, hi)`` of the job into their host slots: hits, page sizes, timing."""
         ps = self._host.page_size
-        sink = self._host.page_sink(job.host_slots[: pages * ps])
-        start = time.perf_counter()
-        results = self.backend.get(job.keys[:pages], sink.views)
-        timed = (*timed, OpTiming("get", time.perf_counter() - start))
+        sink = self._host.page_sink(job.host_slots[lo * ps : hi * ps])
+        start = self._clock()
+        got = list(self.backend.get(job.keys[lo:hi], sink.views))
+        seconds = self._clock() - start
         sink.commit()
-        nbytes = sum(len(v) for v, ok in zip(sink.views, results, strict=True) if ok)
-        padded = (*results, *(False,) * (len(job.keys) - pages))
-        return StorageCompletion(job_id, job.kind, tuple(padded), None, nbytes, found, (), timed)
+        sizes = [len(v) for v in sink.views]
+        moved = sum(n for n, ok in zip(sizes, got, strict=True) if ok)
+        return got, sizes, OpTiming("get", seconds, moved)
+
+
+def leading(results: Sequence[bool]) -> int:
+    """Pages usable as a prefix: results up to the first failure."""
+    n = 0
+    for ok in results:
+        if not ok:
+            break
+        n += 1
+    return n
 
 
 def _left(deadline: float | None) -> float | None:

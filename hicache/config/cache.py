@@ -121,6 +121,9 @@ class PolicyConfig:
     prefetch_policy: str = "best_effort"
     prefetch_timeout_base_s: float = 1.0
     prefetch_timeout_per_1k_s: float = 0.25
+    cost_margin: float = 1.25
+    cost_probe_s: float = 30.0
+    prefill_tokens_per_s: float = 0.0
     io_workers: int = 2
 
     def __post_init__(self) -> None:
@@ -131,8 +134,16 @@ class PolicyConfig:
             _check(getattr(self, name) >= 1, f"policy.{name}", "must be >= 1")
         for name in ("load_back_threshold", "prefetch_threshold"):
             _check(getattr(self, name) >= 0, f"policy.{name}", "must be >= 0")
-        for name in ("prefetch_timeout_base_s", "prefetch_timeout_per_1k_s"):
+        for name in (
+            "prefetch_timeout_base_s",
+            "prefetch_timeout_per_1k_s",
+            "prefill_tokens_per_s",
+        ):
             _check(getattr(self, name) >= 0, f"policy.{name}", "must be >= 0")
+        _check(self.cost_margin >= 1, "policy.cost_margin", f"must be >= 1, got {self.cost_margin}")
+        _check(
+            self.cost_probe_s > 0, "policy.cost_probe_s", f"must be > 0, got {self.cost_probe_s}"
+        )
 
 
 def choice_fields() -> dict[str, tuple[str, ...]]:

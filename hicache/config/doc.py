@@ -88,9 +88,20 @@ MEANINGS: dict[str, str] = {
     "policy.write_through_threshold": "hits before a selective backup",
     "policy.load_back_threshold": "smallest host hit worth loading back (tokens)",
     "policy.prefetch_threshold": "smallest storage hit worth prefetching (tokens)",
-    "policy.prefetch_policy": "how long a request waits for its storage prefetch",
+    "policy.prefetch_policy": (
+        "how much of a storage or host hit to load and how long to wait for it"
+    ),
     "policy.prefetch_timeout_base_s": "`timeout` policy: fixed part of the budget",
     "policy.prefetch_timeout_per_1k_s": "`timeout` policy: budget per 1k prefetched tokens",
+    "policy.cost_margin": (
+        "`cost` policy: a load must take at most 1/margin of recomputing its tokens"
+    ),
+    "policy.cost_probe_s": (
+        "`cost` policy: a store judged too slow is read a little again after this long"
+    ),
+    "policy.prefill_tokens_per_s": (
+        "`cost` policy: prefill speed until the engine has reported one (0: none)"
+    ),
     "policy.io_workers": "storage I/O threads",
     "transfer.backend": "`auto`, `cpu` (threads) or `cuda` (streams)",
     "transfer.io_backend": "`direct`, or `kernel` (cupy gather/scatter, CUDA only)",

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from hicache import format_rates
 from hicache.cache import HiRadixCache
 from hicache.config.cache import CacheConfig
 from hicache.config.flags import add_config_flags, load_config, port_in_use
@@ -163,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     describe(engine, config, args)
     try:
         chat(engine, args)
+        # On stderr: stdout ends with the table (scripts read its last line).
+        print("measured (what prefetch_policy=cost weighs loads with):", file=sys.stderr)
+        for line in format_rates(engine.cache.rates()):
+            print(f"  {line}", file=sys.stderr)
     finally:
         engine.cache.close()
     return 0

@@ -67,6 +67,7 @@ class Engine:
         self._waiting: deque[ReqState] = deque()
         self._running: list[ReqState] = []  # admitted, oldest first
         self._ids = itertools.count()
+        self._warm = False  # a forward pass has run (the first one's speed is not reported)
 
     # ------------------------------------------------------------- public
     def submit(self, request: Request) -> None:
@@ -98,7 +99,7 @@ class Engine:
         if self._running:
             return self._decode()
         if self._waiting:
-            self.cache.drain()  # only storage prefetches are pending: wait for them
+            self._wait_for_prefetches()  # only storage prefetches are pending
         return []
 
     def run(self) -> list[RequestOutput]:
@@ -123,6 +124,17 @@ class Engine:
         match = self.cache.match_prefix(key, ns)
         fetching = self.cache.prefetch(state.cache_id, key, ns, match.last_host_node)
         state.prefetching = fetching > 0
+
+    def _wait_for_prefetches(self) -> None:
+        """Wait for the first waiting prefetch as long as its policy would (no
+        longer: a ``cost`` deadline or a ``timeout`` budget ends the wait)."""
+        state = next((s for s in self._waiting if s.prefetching), None)
+        if state is None:
+            self.cache.drain()
+            return
+        status = self.cache.check_prefetch(state.cache_id)
+        if not status.ready:
+            self.cache.wait_prefetch(state.cache_id, timeout_s=status.wait_s)
 
     def _prefetch_ready(self, state: ReqState) -> bool:
         """False while the prefetch policy says ``state`` must still wait."""
@@ -232,12 +244,15 @@ class Engine:
         self._waiting.appendleft(state)
 
     # ----------------------------------------------------------- forward
-    def _forward(self, segments: list[Segment], states: list[ReqState]) -> torch.Tensor | None:
+    def _forward(
+        self, segments: list[Segment], states: list[ReqState], prefill: bool = False
+    ) -> torch.Tensor | None:
         """Logits of each segment's last token; None (and the batch retracted)
         when a host load-back failed, so that its requests recompute."""
         self.cache.start_loading()
+        start = time.perf_counter()
         try:
-            return self.model.forward(segments, self.cache.device_pool, self.cache.wait_layer)
+            logits = self.model.forward(segments, self.cache.device_pool, self.cache.wait_layer)
         except TransferError as e:
             logger.warning("KV load-back failed (%s); recomputing %d requests", e, len(states))
             for state in states:
@@ -246,6 +261,12 @@ class Engine:
             # that no later match hands out device slots whose load is unfinished.
             self.cache.drain()
             return None
+        if prefill and self._warm:  # its speed is what a load of cached KV competes with
+            tokens = sum(seg.tokens.numel() for seg in segments)
+            self.cache.record_prefill(tokens, time.perf_counter() - start)
+        # The first pass pays one-time costs (lazy initialisation, first allocations).
+        self._warm = True
+        return logits
 
     def _prefill(self, batch: list[_Chunk]) -> list[RequestOutput]:
         segments = [
@@ -254,7 +275,7 @@ class Engine:
             )
             for s, n in batch
         ]
-        logits = self._forward(segments, [c.state for c in batch])
+        logits = self._forward(segments, [c.state for c in batch], prefill=True)
         if logits is None:
             return []
         finished: list[RequestOutput] = []

@@ -11,7 +11,9 @@ A real SGLang server (0.5.x) loads it with no change to SGLang::
 ``hicache_config`` names a shipped config or a TOML path whose ``[storage]``
 section picks the backend (the daemon by default); any other key of the
 extra config overrides one of its fields (``"endpoint"``, ``"path"``, ...),
-and an unknown key fails the construction with one error naming it.
+except ``prefill_tokens_per_s`` (the model's prefill speed: reads then stop
+at a deadline from the store's measured bandwidth, ``load_deadline``), and
+an unknown key fails the construction with one error naming it.
 
 Keys. SGLang's page keys are 64-hex chained sha256 hashes of the tokens and
 carry no model, dtype, layout or rank. The namespace adds them: model name,
@@ -69,6 +71,7 @@ from hicache.integrations.common import (
     open_backend,
     resolve_storage_config,
 )
+from hicache.integrations.load_deadline import LoadBounds, ReadPiece, prefill_speed
 from storage_backends.base import StorageBackend, StorageStats
 from storage_backends.scatter import get_scatter, put_gather
 
@@ -195,9 +198,12 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
         config = resolve_storage_config(
             str(extra.get("hicache_config", DEFAULT_HICACHE_CONFIG)),
             extra,
-            ignore=ENGINE_KEYS | {"hicache_config"},
+            ignore=ENGINE_KEYS | {"hicache_config", "prefill_tokens_per_s"},
             source="hicache SGLang storage (--hicache-storage-backend-extra-config)",
         )
+        # The engine's prefill speed: with it, a read is bounded by a deadline (load_deadline).
+        self._prefill = prefill_speed(extra)
+        self.bounds: LoadBounds | None = None
         self.storage_config = storage_config
         self.timeout_s = config.timeout_s
         self._log = FailureLog(logger)
@@ -209,6 +215,7 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._namespace = ""
         self._pool_view: tuple[torch.Tensor, int, memoryview] | None = None
         self._backend: StorageBackend = open_backend(config)
+        self._backend_name = config.backend
         logger.info("hicache storage for SGLang: backend %s", config.backend)
 
     # --- set-up ---------------------------------------------------------------------
@@ -236,6 +243,7 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
         )
         namespace = Namespace.of(namespace_fields(self.storage_config, geometry))
         self._geometry, self._keyer = geometry, namespace.keyer()
+        self.bounds = LoadBounds(geometry.indices, self._prefill, self._backend_name)
         self._namespace = namespace.describe()
         logger.info("hicache storage namespace: %s", self._namespace)
         if not geometry.zero_copy:
@@ -295,7 +303,8 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
             pool = self.mem_pool_host
             targets = [pool.get_dummy_flat_data_page() for _ in keys]
         start = time.perf_counter()
-        hits = self._backend.get(self._keys(keys), [_byte_view(t) for t in targets])
+        keyed, views = self._keys(keys), [_byte_view(t) for t in targets]
+        hits = self._read(len(keys), lambda lo, hi: self._backend.get(keyed[lo:hi], views[lo:hi]))
         self._measure("prefetch", hits, start)
         return [t if hit else None for t, hit in zip(targets, hits, strict=True)]
 
@@ -365,14 +374,16 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
 
     def _get_v1(self, keys: list[str], host_indices: torch.Tensor) -> list[bool]:
         geometry = self._check_indices(keys, host_indices)
-        start = time.perf_counter()
+        start, keyed = time.perf_counter(), self._keys(keys)
         if geometry.zero_copy:  # straight into each page's runs (an MHA page: K and V)
-            chunks = self._pool_chunks(host_indices, len(keys))
-            hits = get_scatter(self._backend, self._keys(keys), list(chunks))
+            chunks: list[Sequence[memoryview]] = list(self._pool_chunks(host_indices, len(keys)))
+            hits = self._read(
+                len(keys), lambda lo, hi: get_scatter(self._backend, keyed[lo:hi], chunks[lo:hi])
+            )
             self._measure("prefetch", hits, start)
             return hits
         views = self._staging(len(keys))
-        hits = self._backend.get(self._keys(keys), views)
+        hits = self._read(len(keys), lambda lo, hi: self._backend.get(keyed[lo:hi], views[lo:hi]))
         self._measure("prefetch", hits, start)
         starts: list[int] = host_indices[:: geometry.indices].tolist()
         for i, hit in enumerate(hits):
@@ -492,6 +503,12 @@ class HicacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._log.call("close failed", self._backend.close, None)
 
     # --- helpers --------------------------------------------------------------------
+
+    def _read(self, pages: int, piece: ReadPiece) -> list[bool]:
+        """Read ``pages`` pages, bounded by the load deadline once rates are known."""
+        if self.bounds is None or self._geometry is None:
+            return piece(0, pages)
+        return self.bounds.read(pages, self._geometry.nbytes, piece)
 
     def _measure(self, kind: str, done: list[bool], start: float) -> None:
         if self._metrics and self._geometry is not None:

@@ -14,8 +14,9 @@ its device pools straight to an external KV store through a
 or a TOML path, every other key overrides a ``[storage]`` field, except
 ``layout`` (``page_first``, the default, or ``layer_first``: the host layout
 whose flat pages are stored, so that an L3 adapter launched with the same
-``--hicache-mem-layout`` shares the pages). An unknown key is one ValueError
-at construction.
+``--hicache-mem-layout`` shares the pages) and ``prefill_tokens_per_s`` (the
+model's prefill speed: ``lookup`` then reports only the prefix worth loading,
+``load_deadline``). An unknown key is one ValueError at construction.
 
 Keys and values are the L3 adapter's: SGLang's 64-hex chained page hashes
 under the same namespace (model, attention kind, dtype, layout, page bytes,
@@ -67,6 +68,7 @@ from hicache.integrations.common import (
     open_backend,
     resolve_storage_config,
 )
+from hicache.integrations.load_deadline import LoadBounds, prefill_speed
 from hicache.integrations.sglang import (
     AdapterStats,
     PageGeometry,
@@ -81,7 +83,7 @@ from storage_backends.config import StorageConfig
 logger = logging.getLogger(__name__)
 
 # Keys of linker_extra_config that are the linker's own (not [storage] overrides).
-LINKER_KEYS = frozenset({"hicache_config", "layout"})
+LINKER_KEYS = frozenset({"hicache_config", "layout", "prefill_tokens_per_s"})
 _SOURCE = "hicache SGLang linker (--unified-cache-external-linker-config linker_extra_config)"
 
 
@@ -190,6 +192,8 @@ class HicacheLinker(UnifiedCacheLinker):  # type: ignore[misc]
         extra = dict(extra_config or {})
         layout, config = _linker_config(extra)
         page_size = int(params.page_size)  # type: ignore[attr-defined]
+        # Held is what is worth loading: measured reads against the prefill speed.
+        self.bounds = LoadBounds(page_size, prefill_speed(extra), config.backend)
         kvcache = params.token_to_kv_pool_allocator.get_kvcache()  # type: ignore[attr-defined]
         self.device_pages = DevicePages(kvcache, page_size, layout)
         ranks = worker_ranks(params)
@@ -249,8 +253,10 @@ class HicacheLinker(UnifiedCacheLinker):  # type: ignore[misc]
     # --- lookup ---------------------------------------------------------------------
 
     def lookup(self, rid: str, transfers: list[PoolTransfer]) -> list[int]:
-        """Every restorable prefix length in pages (1..n for n leading stored pages):
-        one ``exists`` round trip on a worker, waited for at most ``timeout_s``."""
+        """Every restorable prefix length in pages (1..n for n leading stored pages
+        worth loading: with ``prefill_tokens_per_s`` and the store's measured reads,
+        those that arrive before prefill would recompute them): one ``exists``
+        round trip on a worker, waited for at most ``timeout_s``."""
         try:
             keys = self._keys(self._kv_transfer(transfers).keys or [])
             found = self._lookups.submit(self._backend.exists, keys).result(self.timeout_s)
@@ -260,7 +266,8 @@ class HicacheLinker(UnifiedCacheLinker):  # type: ignore[misc]
         except Exception as exc:
             self._log.failure("lookup failed", exc)
             return []
-        return list(range(1, min(int(found), len(keys)) + 1))
+        worth = self.bounds.plan(min(int(found), len(keys)), self.device_pages.shape.nbytes).pages
+        return list(range(1, worth + 1))
 
     @staticmethod
     def _kv_transfer(transfers: Sequence[PoolTransfer]) -> PoolTransfer:
@@ -312,12 +319,15 @@ class HicacheLinker(UnifiedCacheLinker):  # type: ignore[misc]
         try:
             staging = self._staging.take("load", len(job.keys))
             views = _page_views(staging, self.device_pages.shape.nbytes)
+            clock = self.bounds.rates.clock
+            start = clock()
             read = self._reads.submit(self._backend.get, job.keys, views)
             try:
                 hits = read.result(self.timeout_s)
             except FutureTimeout:
                 self._staging.drop("load")  # a late read may still write into it
                 raise
+            self.bounds.rates.record_s2h(sum(hits) * len(views[0]), clock() - start)
             if not all(hits):
                 missing = len(hits) - sum(hits)
                 raise LookupError(f"{missing} of {len(hits)} pages missing or damaged in the store")

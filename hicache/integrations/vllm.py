@@ -71,6 +71,7 @@ from hicache.integrations.common import (
     open_backend,
     resolve_storage_config,
 )
+from hicache.integrations.load_deadline import LoadBounds, prefill_speed
 from hicache.integrations.removals import RemovalMap
 from hicache.integrations.vllm_jobs import FinishedJob, JobOutcome, TierJobRunner
 from storage_backends.base import StorageBackend
@@ -143,9 +144,11 @@ class HicacheTier(SecondaryTierManager):
     Tier config keys (``secondary_tiers`` entry): ``hicache_config`` (a shipped
     config name or a TOML path whose ``[storage]`` section picks the store;
     ``remote`` by default), ``workers`` (I/O threads, default 8),
-    ``enable_kv_events`` and ``locality`` (as vLLM's ``fs`` tier), and any
-    ``[storage]`` field as an override (``endpoint``, ``path``, ``timeout_s``,
-    ...). An unknown key is a ValueError naming it, at construction.
+    ``enable_kv_events`` and ``locality`` (as vLLM's ``fs`` tier),
+    ``prefill_tokens_per_s`` (the engine's prefill speed: loads then stop at a
+    deadline from the store's measured reads), and any ``[storage]`` field as
+    an override (``endpoint``, ``path``, ``timeout_s``, ...). An unknown key
+    is a ValueError naming it, at construction.
 
     Thread-safety: vLLM serialises calls under its manager lock; our workers
     touch only the backend (thread-safe) and the primary view's slices of the
@@ -166,6 +169,7 @@ class HicacheTier(SecondaryTierManager):
         enable_kv_events: bool = False,
         locality: str | None = None,
         backpressure_detector: BackpressureDetector | None = None,
+        prefill_tokens_per_s: float = 0.0,
         **storage_overrides: Any,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -176,6 +180,13 @@ class HicacheTier(SecondaryTierManager):
             hicache_config, storage_overrides, source=f"HicacheTier ({tier_type})"
         )
         self.namespace = vllm_namespace(offloading_spec, self.block_size_bytes)
+        # With the engine's prefill speed, a load stops at the deadline the store's
+        # measured reads give it; the chunks not read are recomputed (load_deadline).
+        chunk_tokens = (
+            max(offloading_spec.tokens_per_block, default=1) * offloading_spec.blocks_per_chunk
+        )
+        speed = prefill_speed({"prefill_tokens_per_s": prefill_tokens_per_s})
+        self.bounds = LoadBounds(chunk_tokens, speed, self.storage_config.backend)
         self._keyer: Keyer = self.namespace.keyer()
         self._failures = FailureLog(logger)
         self._events: list[OffloadingEvent] | None = (
@@ -342,10 +353,14 @@ class HicacheTier(SecondaryTierManager):
         return [self._flat[c * size : (c + 1) * size] for c in chunk_ids]
 
     def _load_io(self, keys: list[OffloadKey], chunk_ids: list[int]) -> JobOutcome:
-        """Worker: verified pages straight into the primary tier's chunks."""
-        dst = self._chunks(chunk_ids, len(keys))
-        hits = self._backend.get(self._keyer.keys(keys), dst)
-        return JobOutcome(tuple(hits), sum(hits) * self.block_size_bytes)
+        """Worker: verified pages straight into the primary tier's chunks, up to
+        the load's deadline (the chunks past it fail: vLLM recomputes them)."""
+        dst, keyed = self._chunks(chunk_ids, len(keys)), self._keyer.keys(keys)
+        size = self.block_size_bytes
+        hits = self.bounds.read(
+            len(keys), size, lambda lo, hi: self._backend.get(keyed[lo:hi], dst[lo:hi]), False
+        )
+        return JobOutcome(tuple(hits), sum(hits) * size)
 
     def _store_io(self, keys: list[OffloadKey], chunk_ids: list[int]) -> JobOutcome:
         """Worker: the primary tier's chunks into the store (present keys are skipped)."""

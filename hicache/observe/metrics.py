@@ -16,8 +16,11 @@ TIERS: tuple[Tier, ...] = ("device", "host", "storage")
 LINKS: tuple[Link, ...] = ("d2h", "h2d", "h2s", "s2h")
 # ``started`` counts prefetches submitted; each one that finishes adds exactly
 # one of the others, so started == their sum + prefetches in flight. Only
-# ``failed`` means something went wrong (see ``CacheStats``).
-PREFETCH_OUTCOMES = ("started", "complete", "partial", "miss", "below_threshold", "failed")
+# ``failed`` means something went wrong (see ``CacheStats``); ``declined``: the
+# ``cost`` policy judged recomputing the pages storage held faster.
+PREFETCH_OUTCOMES = (
+    "started", "complete", "partial", "miss", "below_threshold", "declined", "failed"
+)  # fmt: skip
 
 # What a latency is measured for: a load-back (H2D submit -> completion applied),
 # a backup (D2H submit -> completion applied), a prefetch wait (prefetch() ->
@@ -74,7 +77,9 @@ class CacheStats:
     prefetch_partial: int = 0
     prefetch_miss: int = 0
     prefetch_below_threshold: int = 0
+    prefetch_declined: int = 0
     prefetch_failed: int = 0
+    prefetch_cuts: int = 0
     storage_wait_timeouts: int = 0
 
     def as_dict(self) -> dict[str, int]:

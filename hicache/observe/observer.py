@@ -24,6 +24,7 @@ from hicache.events.kv import (
 from hicache.keys.hashing import NodeKeys
 from hicache.observe.metrics import CacheMetrics, CacheStats, Latency
 from hicache.observe.prometheus import Gauges, MetricsServer
+from hicache.policies.rates import Clock, Rates
 from hicache.tree.radix_tree import TreeNode
 from transfer.storage_io import OpTiming
 
@@ -35,8 +36,12 @@ STORAGE_OPS: Mapping[str, Latency] = MappingProxyType(
 class Observer:
     """Events and metrics of one cache (see the module docstring)."""
 
-    def __init__(self, config: CacheConfig, keys: NodeKeys, gauges: Callable[[], Gauges]) -> None:
+    def __init__(
+        self, config: CacheConfig, keys: NodeKeys, gauges: Callable[[], Gauges], clock: Clock
+    ) -> None:
         self.metrics = CacheMetrics()
+        # Measured bandwidths and prefill speed (the ``cost`` policy reads them).
+        self.rates = Rates(clock, config.storage.backend, config.policy.prefill_tokens_per_s)
         self._keys = keys
         self.events: EventSink | None = None
         if config.events.endpoint:

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from hicache.events.kv import PublisherStats
 from hicache.observe.metrics import LATENCIES, PREFETCH_OUTCOMES, CacheStats, Histogram, Latency
+from hicache.policies.rates import RatesSnapshot
 from storage_backends import StorageStats
 
 
@@ -42,6 +43,7 @@ class Gauges(NamedTuple):
     storage_capacity_bytes: int = 0
     storage_pages: int = 0
     storage: StorageStats | None = None  # the backend's own counters (None: no store)
+    rates: RatesSnapshot | None = None  # measured bandwidths and prefill speed
 
 
 class Family(NamedTuple):
@@ -77,9 +79,12 @@ COUNTERS: tuple[Family, ...] = (
            "link", {k: f"errors_{k}" for k in ("d2h", "h2d", "h2s", "s2h")}),
     Family("prefetches", "Storage prefetches: started, then one outcome each when it "
            "finishes: complete, partial (a leading part), miss (storage held none of the "
-           "pages), below_threshold (too few to be worth it), failed (backend error or "
-           "unreadable pages). Only failed is a problem.", "outcome",
+           "pages), below_threshold (too few to be worth it), declined (the cost policy judged "
+           "recomputing faster than reading them), failed (backend error or unreadable "
+           "pages). Only failed is a problem.", "outcome",
            {k: f"prefetch_{k}" for k in PREFETCH_OUTCOMES}),
+    Family("cut_prefetches", "Storage reads cut at their deadline (cost policy): the pages "
+           "that had arrived were used, the rest recomputed.", "", {"": "prefetch_cuts"}),
     Family("storage_wait_timeouts", "Waits on storage work (drain, reset, close, "
            "wait_prefetch) that gave up after storage.timeout_s; the job lands later.", "",
            {"": "storage_wait_timeouts"}),
@@ -174,6 +179,37 @@ def gauge_families(g: Gauges) -> Iterator[Metric]:
         yield pages
     if g.storage is not None:
         yield from backend_families(g.storage)
+    if g.rates is not None:
+        yield from rate_families(g.rates)
+
+
+def rate_families(r: RatesSnapshot) -> Iterator[Metric]:
+    """What the ``cost`` prefetch policy decides with: each link's measured
+    bandwidth and its spread (a link not measured yet is left out), and the
+    prefill speed per length bucket."""
+    bandwidth = GaugeMetricFamily(
+        "hicache_link_bandwidth_bytes_per_second",
+        "Measured bandwidth of completed loads, by link (h2d: host->device, s2h: "
+        "storage->host) and backend: a moving estimate over recent transfers.",
+        labels=["link", "backend"],
+    )
+    spread = GaugeMetricFamily(
+        "hicache_link_bandwidth_spread_bytes_per_second",
+        "Recent spread (moving standard deviation) of a link's transfer rates.",
+        labels=["link", "backend"],
+    )
+    for link, backend, est in (("h2d", "", r.h2d), ("s2h", r.backend, r.s2h)):
+        if est is not None:
+            bandwidth.add_metric([link, backend], est.bytes_per_s)
+            spread.add_metric([link, backend], est.spread)
+    prefill = GaugeMetricFamily(
+        "hicache_prefill_tokens_per_second",
+        "Measured prefill speed of forward passes reaching up to max_tokens tokens.",
+        labels=["max_tokens"],
+    )
+    for point in r.prefill:
+        prefill.add_metric([str(point.length)], point.tokens_per_s)
+    yield from (bandwidth, spread, prefill)
 
 
 # The storage backend's own counters (this process's calls), by family:

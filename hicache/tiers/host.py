@@ -256,7 +256,7 @@ class HostTier:
         for n in nodes:
             n.load_op = None
         if done.ok:
-            return LoadDone(node, nodes, done.nbytes, seconds)
+            return LoadDone(node, nodes, done.nbytes, seconds, done.seconds)
         logger.warning("load-back of %r failed: %s", node, done.error)
         self._failed.add(done.op_id)
         return LoadFailed(node, nodes, done.error)

@@ -12,8 +12,10 @@ from typing import NamedTuple
 import torch
 
 from hicache.events.kv import BlockStored
+from hicache.policies.prefetch import StoragePlan
+from hicache.policies.prefetch_cost import LoadChoice
 from hicache.tree.radix_tree import Key, TreeNode
-from transfer.storage_io import OpTiming
+from transfer.storage_io import OpTiming, ReadProgress
 
 
 class BackupDone(NamedTuple):
@@ -36,6 +38,7 @@ class LoadDone(NamedTuple):
     nodes: tuple[TreeNode, ...]
     nbytes: int
     seconds: float = 0.0  # H2D submitted -> completion taken by the owner
+    copy_s: float = 0.0  # the copy itself, as the transfer engine timed it (0: not timed)
 
 
 class LoadFailed(NamedTuple):
@@ -71,7 +74,10 @@ class PutDone(NamedTuple):
 @dataclass
 class PrefetchState:
     """A storage prefetch (lookup then get) for one request. Owned by the
-    storage tier; the façade reads it when routing ``PrefetchDone``."""
+    storage tier; the façade reads it when routing ``PrefetchDone``, and
+    when the request goes on before it is done: the first ``taken`` tokens
+    of ``host_slots`` (pages that had arrived) then went to the tree, and
+    ``cut`` says the rest of the read was stopped."""
 
     request_id: str
     key: Key
@@ -82,9 +88,27 @@ class PrefetchState:
     job_id: int
     pin_id: int
     started: float
+    plan: StoragePlan
+    progress: ReadProgress
     fetched: int = 0
     done: bool = False
     released: bool = False
+    taken: int = 0
+    cut: bool = False
+    choice: LoadChoice | None = None  # the plan's, once the lookup is done
+
+
+class Arrived(NamedTuple):
+    """A request went on before its prefetch was done: tokens ``[lo, hi)`` of
+    ``state.host_slots`` had arrived and go to the tree now. ``cut``: the
+    rest of the read was stopped; it moved ``nbytes`` in ``seconds``."""
+
+    state: PrefetchState
+    lo: int
+    hi: int
+    cut: bool
+    nbytes: int
+    seconds: float
 
 
 class PrefetchDone(NamedTuple):
@@ -98,6 +122,13 @@ class PrefetchDone(NamedTuple):
     nbytes: int
     ok: bool
     timings: tuple[OpTiming, ...] = ()  # the backend calls the job made
+    planned_pages: int = 0  # of the found pages, those the plan chose to read
+
+    @property
+    def read(self) -> tuple[int, float] | None:
+        """Bytes its gets moved and the seconds they took (None: no get)."""
+        gets = [t for t in self.timings if t.op == "get"]
+        return (sum(t.nbytes for t in gets), sum(t.seconds for t in gets)) if gets else None
 
 
 class LookupDone(NamedTuple):

@@ -24,7 +24,7 @@ import torch
 from device_pool import PagedAllocator
 from hicache.policies.eviction import EvictionPolicy
 from hicache.tiers.records import Dropped
-from hicache.tiers.results import InsertResult
+from hicache.tiers.results import DeviceShortfall, InsertResult
 from hicache.tree.errors import CacheError
 from hicache.tree.paging import empty_slots
 from hicache.tree.radix_tree import Key, RadixTree, TreeNode
@@ -136,6 +136,15 @@ class ResidencyTree:
 
     def device_tokens(self) -> int:
         return self._evictable + self._protected
+
+    def shortfall(self, needed: int) -> DeviceShortfall:
+        """What holds the device pool when ``needed`` tokens cannot be had (read-only)."""
+        pinned = sum(len(n.key) for n in self.tree.nodes() if n.host is not None and n.host_ref > 0)
+        alloc = self.allocator
+        held = alloc.request_held()
+        return DeviceShortfall(
+            needed, alloc.available(), self._protected, held, self._evictable, pinned
+        )
 
     def is_bad(self, node: TreeNode) -> bool:
         return node in self._bad

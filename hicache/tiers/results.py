@@ -89,13 +89,15 @@ class PollResult(NamedTuple):
 
 class PrefetchStatus(NamedTuple):
     """``check_prefetch``: may the request proceed (``ready``, per the prefetch
-    policy), has the fetch finished and been inserted (``done``), and how many
-    tokens were fetched out of how many asked for."""
+    policy), has the fetch finished and been inserted (``done``), how many
+    tokens were fetched so far out of how many asked for, and, while not
+    ready, how long the policy may still wait for it (``wait_s``)."""
 
     ready: bool
     done: bool
     fetched_tokens: int
     total_tokens: int
+    wait_s: float = 0.0
 
 
 class AdmitResult(NamedTuple):

@@ -21,7 +21,10 @@ from collections import OrderedDict
 import torch
 
 from hicache.events.kv import BlockStored
+from hicache.policies.prefetch import PrefetchPolicy, StoragePlan
+from hicache.policies.rates import Clock
 from hicache.tiers.records import (
+    Arrived,
     LookupDone,
     PrefetchDone,
     PrefetchState,
@@ -29,23 +32,29 @@ from hicache.tiers.records import (
     StorageRemoved,
     WaitTimedOut,
 )
+from hicache.tiers.results import PrefetchStatus
 from hicache.tree.errors import CacheError
 from hicache.tree.radix_tree import Key
-from transfer.storage_io import StorageCompletion, StorageIO, StorageJob
+from transfer.storage_io import ReadProgress, StorageCompletion, StorageIO, StorageJob, leading
 
 logger = logging.getLogger("hicache.cache")
 
 StorageRecord = PutDone | PrefetchDone | LookupDone | StorageRemoved | WaitTimedOut
 LOOKUP_MEMORY = 4096  # lookups whose result is remembered for match_prefix
+PREFETCH_PIECES = 8  # a prefetch reads in up to this many pieces (what a cut keeps)
+PIECE_BYTES = 256 << 10  # and no piece under this (a call costs a round trip)
 
 
 class StorageTier:
     """Storage I/O for the cache (see the module docstring)."""
 
-    def __init__(self, io: StorageIO, page_size: int, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, io: StorageIO, page_size: int, timeout_s: float = 5.0, clock: Clock = time.monotonic
+    ) -> None:
         self.io = io
         self.page_size = page_size
         self.timeout_s = timeout_s  # the bound of every wait (storage.timeout_s)
+        self.clock = clock
         self._puts: dict[int, tuple[int, BlockStored | None]] = {}  # job -> (pin, event)
         self._prefetches: dict[str, PrefetchState] = {}  # request id -> prefetch
         self._prefetch_jobs: dict[int, PrefetchState] = {}  # job -> prefetch in flight
@@ -100,12 +109,20 @@ class StorageTier:
         slots: torch.Tensor,
         pin: int,
         min_pages: int,
+        plan: StoragePlan,
+        page_bytes: int,
     ) -> None:
         """Submit lookup-then-get of ``keys`` into the reserved host ``slots``
-        as one job; ``pin`` keeps the prefix the pages hang from."""
-        job = self.io.submit(StorageJob("prefetch", tuple(keys), slots, max(min_pages, 1)))
+        as one job; ``pin`` keeps the prefix the pages hang from; ``plan`` says
+        how many found pages to read, in pieces of at least ``PIECE_BYTES``."""
+        progress = ReadProgress(self.clock)
+        piece = max(-(-len(keys) // PREFETCH_PIECES), -(-PIECE_BYTES // max(page_bytes, 1)))
+        job_spec = StorageJob(
+            "prefetch", tuple(keys), slots, max(min_pages, 1), plan.pages, progress, piece
+        )
+        job = self.io.submit(job_spec)
         state = PrefetchState(
-            request_id, key, namespace, start, keys, slots, job, pin, time.monotonic()
+            request_id, key, namespace, start, keys, slots, job, pin, self.clock(), plan, progress
         )
         self._prefetches[request_id] = state
         self._prefetch_jobs[job] = state
@@ -117,14 +134,50 @@ class StorageTier:
             raise CacheError(f"no prefetch for request {request_id!r}")
         return state
 
+    def status(
+        self, state: PrefetchState, policy: PrefetchPolicy, budget_s: float
+    ) -> PrefetchStatus:
+        """Where ``state`` stands under ``policy``: its budget is the plan's
+        deadline when it has one (else ``budget_s``, the ``timeout`` budget).
+        Tokens fetched count what has arrived so far."""
+        view, ps = state.progress.view(), self.page_size
+        choice = state.choice
+        if choice is None:
+            choice = state.plan.choice(view.found if view.found >= 0 else len(state.keys))
+            state.choice = choice if view.found >= 0 else None
+        budget = budget_s if choice.deadline_s is None else choice.deadline_s
+        waited = self.clock() - state.started
+        ready = policy.ready(state.done, waited, budget)
+        fetched = state.fetched if state.done else view.arrived * ps
+        wait_s = 0.0
+        if not ready:  # until the budget runs out, or (wait_complete) the bound of every wait
+            ends = policy.ready(False, budget, budget)
+            wait_s = max(budget - waited, 0.0) if ends else self.timeout_s
+        return PrefetchStatus(ready, state.done, fetched, len(state.keys) * ps, wait_s)
+
+    def take_arrived(self, request_id: str, cut: bool) -> Arrived:
+        """The request goes on before its prefetch is done: the pages that have
+        arrived and were not taken yet are handed over; with ``cut`` the read
+        stops after the piece in flight."""
+        state = self.prefetch(request_id)
+        progress = state.progress
+        view = progress.cut() if cut else progress.view()
+        lo, hi = state.taken, max(view.arrived * self.page_size, state.taken)
+        state.taken, state.cut = hi, state.cut or cut
+        seconds = 0.0
+        if cut and view.started is not None:
+            seconds = max(self.clock() - view.started, 0.0)
+        return Arrived(state, lo, hi, cut, view.nbytes, seconds)
+
     def release(self, request_id: str) -> None:
         """The request stops waiting; a job still running lands anyway."""
         self.prefetch(request_id).released = True
         del self._prefetches[request_id]
 
     def reserved(self) -> int:
-        """Host slots reserved by prefetch jobs in flight."""
-        return sum(p.host_slots.numel() for p in self._prefetch_jobs.values())
+        """Host slots reserved by prefetch jobs in flight (less what they handed
+        to the tree early)."""
+        return sum(p.host_slots.numel() - p.taken for p in self._prefetch_jobs.values())
 
     def prefetch_job(self, request_id: str) -> int | None:
         """The job of ``request_id``'s prefetch if it is still in flight."""
@@ -139,12 +192,17 @@ class StorageTier:
             self._removal_job = self.io.submit(StorageJob("removed", ()))
         return out
 
-    def wait(self, job_id: int, timeout_s: float | None = None) -> list[StorageRecord]:
+    def wait(
+        self, job_id: int, timeout_s: float | None = None, quiet: bool = False
+    ) -> list[StorageRecord]:
         """Wait for one job, at most ``timeout_s`` (default ``self.timeout_s``).
         A job that does not finish in time is given up on, not cancelled: it
         stays in flight (its host pages pinned or reserved, since the worker
-        may still use them) and lands in a later ``poll()``."""
+        may still use them) and lands in a later ``poll()``. ``quiet``: the
+        caller chose a short bound; running past it is no ``WaitTimedOut``."""
         got = self.io.wait(job_id, self.timeout_s if timeout_s is None else timeout_s)
+        if got is None and quiet:
+            return []
         if got is None:
             logger.warning("storage job %d still running; not waiting longer", job_id)
             return [WaitTimedOut(job_id)]
@@ -177,16 +235,16 @@ class StorageTier:
             ok = done.error is None and all(done.results)
             if not ok:
                 logger.debug("storage put %d incomplete: %s", done.job_id, done.error)
-            leading = _leading(done.results)
-            return PutDone(done.job_id, pin, event, leading, ok, done.nbytes, done.timings)
+            stored = leading(done.results)
+            return PutDone(done.job_id, pin, event, stored, ok, done.nbytes, done.timings)
         if done.job_id in self._prefetch_jobs:
             state = self._prefetch_jobs.pop(done.job_id)
-            got = _leading(done.results)
+            got = leading(done.results)
             state.fetched, state.done = got * self.page_size, True
             if done.found:
                 self._remember(state.keys[0], done.found)
             ok = done.error is None
-            return PrefetchDone(state, done.found, got, done.nbytes, ok, done.timings)
+            return PrefetchDone(state, done.found, got, done.nbytes, ok, done.timings, done.planned)
         if done.job_id in self._lookups:
             first = self._lookups.pop(done.job_id)
             self._looking.discard(first)
@@ -208,6 +266,8 @@ class StorageTier:
         """Assert the prefetch tables agree with each other."""
         for job, state in self._prefetch_jobs.items():
             assert state.job_id == job and not state.done, "a finished prefetch is in flight"
+            assert 0 <= state.taken <= state.host_slots.numel(), "a prefetch took what it had not"
+            assert state.taken % self.page_size == 0, "a prefetch took part of a page"
             live = self._prefetches.get(state.request_id)
             assert live is state or state.released, "a prefetch job lost its request"
         for state in self._prefetches.values():
@@ -215,11 +275,19 @@ class StorageTier:
         assert set(self._lookups.values()) == self._looking, "lookup tables disagree"
 
 
-def _leading(results: tuple[bool, ...]) -> int:
-    """Pages usable as a prefix: results up to the first failure."""
-    n = 0
-    for ok in results:
-        if not ok:
-            break
-        n += 1
-    return n
+def prefetch_outcome(done: PrefetchDone, page_size: int, threshold: int) -> str:
+    """One outcome per finished prefetch; only ``failed`` is a fault (a prompt
+    storage has never seen is a ``miss``, the healthy common case; ``declined``:
+    the policy judged recomputing faster than reading what storage held)."""
+    got = done.fetched_pages * page_size
+    if got:
+        return "complete" if got == done.state.host_slots.numel() else "partial"
+    if not done.ok:
+        return "failed"
+    if done.found_pages == 0:
+        return "miss"
+    if done.found_pages * page_size < threshold:
+        return "below_threshold"
+    if done.planned_pages == 0 or done.state.cut:
+        return "declined"
+    return "failed"  # storage listed the pages but none could be read

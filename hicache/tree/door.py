@@ -1,15 +1,20 @@
-"""Checks at the cache's door that need the tree: a namespace's type, and a
-node that must lie on a request's path. They raise before anything changes
-(``ValueError``; ``CacheError`` for nodes and slots)."""
+"""Checks at the cache's door that need the tree: a namespace's type, a node
+that must lie on a request's path, an insert's arguments. They raise before
+anything changes (``ValueError``; ``CacheError`` for nodes and slots)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
+import torch
 
 from hicache.tree.errors import CacheError
-from hicache.tree.radix_tree import Key, RadixTree, TreeNode
+from hicache.tree.paging import align_down
+from hicache.tree.radix_tree import Key, RadixTree, Tokens, TreeNode, as_token_list
+
+_NO_SLOTS = np.empty(0, dtype=np.int64)  # never written: numpy views of it are read only
 
 
 def check_namespace(namespace: object) -> None:
@@ -58,3 +63,46 @@ def check_tail_page(arr: np.ndarray, page_of: Callable[[int], np.ndarray]) -> np
     if first % len(page) or ids != list(range(first, first + len(ids))):
         raise CacheError("the partial last page's slots must run in order from a page start")
     return page
+
+
+class InsertArgs(NamedTuple):
+    """An insert's checked arguments: the key, its whole-page length, and
+    where the slots must become the request's own (past a locked
+    ``last_node``; None when no node was locked)."""
+
+    key: Key
+    aligned: int
+    own_from: int | None
+    slots: np.ndarray  # the device slots' numpy view: cheaper slicing than torch
+    tail: np.ndarray  # the whole page under a partial last page's slots (or none)
+    last_node: TreeNode | None  # checked on the key's path: the insert's walk starts there
+
+
+def check_insert(
+    tree: RadixTree,
+    tokens: Tokens,
+    slots: torch.Tensor,
+    namespace: str | None,
+    last_node: TreeNode | None,
+    page_of: Callable[[int], np.ndarray],
+) -> InsertArgs:
+    """Every check of an insert's arguments that needs no walk; ``last_node``
+    (checked locked by the caller) must lie on the tokens' path. That the
+    slots past it are the request's own is checked by the insert's one
+    allocator check (``own_from``), before anything but a content-neutral
+    split changes. ``page_of``: a slot's whole page (the device allocator's)."""
+    check_namespace(namespace)
+    key = as_token_list(tokens)
+    if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1:
+        raise ValueError("device_slots must be a 1-D int64 tensor")
+    if slots.numel() != len(key):
+        raise ValueError(f"{len(key)} tokens but {slots.numel()} device slots")
+    aligned = align_down(len(key), tree.page_size)
+    arr = slots.numpy() if slots.is_cpu else slots.cpu().numpy()
+    tail = _NO_SLOTS
+    if aligned < len(key):
+        tail = check_tail_page(arr[aligned:], page_of)
+    depth = None
+    if last_node is not None:
+        depth = check_on_path(tree, last_node, key, namespace, "last_node")
+    return InsertArgs(key, aligned, depth, arr, tail, last_node)

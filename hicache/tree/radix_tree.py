@@ -326,6 +326,17 @@ class RadixTree:
             yield node
             stack.extend(node.children.values())
 
+    def render(self) -> str:
+        """The tree as indented text, one node a line."""
+        lines: list[str] = []
+        stack = [(c, 1) for c in self.root.children.values()]
+        while stack:
+            node, depth = stack.pop()
+            head = node.key[: min(4, len(node.key))]
+            lines.append(f"{'  ' * depth}{node!r} ns={node.namespace!r} key={head}…")
+            stack.extend((c, depth + 1) for c in node.children.values())
+        return "\n".join(["root", *lines])
+
     def path_to_root(self, node: TreeNode) -> Iterator[TreeNode]:
         """``node`` and its ancestors, excluding the root."""
         while node is not self.root:

@@ -14,6 +14,10 @@ and differ in a short suffix:
 * ``storage_cold``: as ``storage``, after a restart (a new cache over the same
   store) with the store's files dropped from the OS page cache.
 
+With ``--sweep``, the storage case instead over a store throttled from far
+slower than prefill to far faster, per prefetch policy
+(``hicache.bench.engine.sweep``).
+
 A tier's cost is its TTFT minus the round's suffix-only compute. Besides,
 each round times the tier operations alone through the cache API: a
 load-back (match, admit, per-layer loads until on device) and a prefetch
@@ -41,6 +45,7 @@ import numpy as np
 import torch
 
 from hicache.bench.common.page_cache import DropResult, drop_page_cache
+from hicache.bench.engine import sweep as engine_sweep
 from hicache.cache import HiRadixCache
 from hicache.config.cache import CacheConfig
 from hicache.config.flags import at_least
@@ -105,6 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", type=Path, help="write the results as JSON here (default: print only)"
     )
+    engine_sweep.add_arguments(parser)
 
 
 def bench_config(config: CacheConfig, store: Path, min_tokens: int) -> CacheConfig:
@@ -357,6 +363,11 @@ def run(args: argparse.Namespace) -> int:
         logger.warning(
             "p90 over %d rounds is not worth quoting; use --repeat 5 or more", args.repeat
         )
+    if args.sweep:
+        doc = engine_sweep.run_sweep(args, with_attention(args.config, args))
+        if args.json is not None:
+            args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        return 0
     with tempfile.TemporaryDirectory(prefix="hicache-bench-", dir=args.dir) as scratch:
         need = 4 * (args.prefix_tokens + args.suffix_tokens + args.config.device.page_size)
         config = with_attention(bench_config(args.config, Path(scratch) / "store", need), args)

@@ -42,8 +42,10 @@ def test_cli_chat_walks_down_the_tiers(tmp_path: Path, capsys: pytest.CaptureFix
     for s in sets:
         argv += ["--set", s]
     assert main(argv) == 0
-    rows = table_rows(capsys.readouterr().out)
+    out = capsys.readouterr()
+    rows = table_rows(out.out)
     assert [r[0] for r in rows] == [1, 2, 3, 4]
+    assert "s2h " in out.err and "prefill <=" in out.err  # the rates it measured
     device, host, storage = (tuple(r[i] for r in rows) for i in (2, 3, 4))
     assert device[1] > 0 and host[2] > 0 and storage[3] > 0
     assert device[0] == host[0] == storage[0] == 0

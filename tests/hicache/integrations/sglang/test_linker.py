@@ -303,3 +303,23 @@ def test_a_linker_server_reads_what_another_process_stored_through_one_daemon(
             pages = [source.get_data_page(p * PAGE, flat=False) for p in range(4)]
             want = torch.cat([page[part, :, layer] for page in pages])
             assert same_bits(got.kv[layer * 2 + part], want)
+
+
+def test_the_linker_reports_as_held_only_the_prefix_worth_loading(
+    sg: SglangModules, servers: list[UnifiedServer], tmp_path: Path
+) -> None:
+    """With ``prefill_tokens_per_s``: a store measured too slow holds nothing worth
+    loading (SGLang computes the prompt), a fast one all of its pages."""
+    server = UnifiedServer(sg, MHA, "python", file_store(tmp_path / "s", prefill_tokens_per_s=1e4))
+    servers.append(server)
+    written = offloaded(server, TOKENS, seed=7)
+    rates = server.linker.bounds.rates
+    for _ in range(3):  # 1 kB/s: 16 tokens' page in seconds, recomputed in 1.6 ms
+        rates.record_s2h(1000, 1.0)
+    assert len(server.fetch(TOKENS).loaded_slots) == 0
+    for _ in range(30):
+        rates.record_s2h(1 << 30, 0.1)
+    got = server.fetch(TOKENS)
+    assert (len(got.loaded_slots), got.aborted) == (16, False)
+    assert all(same_bits(w, g) for w, g in zip(written, got.kv, strict=True))
+    assert rates.snapshot().s2h is not None
