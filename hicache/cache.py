@@ -6,13 +6,15 @@
 - ``observer`` (``Observer``): KV events and metrics.
 
 Parts never call each other: they return typed records (``records.py``) and
-this module routes each one to the parts it concerns.
+this module routes each one to the parts it concerns. The flows that span parts
+are two helpers the façade owns: ``Demotion`` (``demotion.py``: backups by the
+write policy, eviction, room in the pools) and ``Admission`` (``admission.py``:
+a request's host hits loaded back, its storage hits prefetched). ``factory.py``
+builds the parts; ``gauges.py`` reads their sizes for a Prometheus scrape.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -21,33 +23,29 @@ import numpy as np
 import torch
 
 from device_pool import DeviceKVPool
+from hicache.admission import Admission
 from hicache.config.cache import CacheConfig
+from hicache.demotion import Demotion
 from hicache.events.kv import EventSink
-from hicache.factory import build_device_pool, build_host_pool, build_transfer
-from hicache.keys.hashing import NodeKeys, model_fingerprint, page_keys
+from hicache.factory import Given, build_parts
+from hicache.gauges import read_gauges
+from hicache.keys.hashing import page_keys
 from hicache.lifecycle import Lifecycle
 from hicache.observe.metrics import CacheMetrics, CacheStats
-from hicache.observe.observer import Observer
 from hicache.observe.prometheus import Gauges
-from hicache.policies.eviction import create_eviction_policy
-from hicache.policies.prefetch import StoragePlan, create_prefetch_policy
-from hicache.policies.prefetch_cost import CostSettings, PrefixParts
 from hicache.policies.rates import Clock, RatesSnapshot
-from hicache.policies.write import create_write_policy
-from hicache.tiers.host import HostTier
 from hicache.tiers.records import (
     BackupDone,
-    Dropped,
     LoadDone,
     LoadFailed,
     LookupDone,
     PrefetchDone,
-    PrefetchState,
     PutDone,
+    Record,
     StorageRemoved,
     WaitTimedOut,
 )
-from hicache.tiers.residency import NO_SLOTS, ResidencyTree
+from hicache.tiers.residency import NO_SLOTS
 from hicache.tiers.results import (
     AdmitResult,
     DeviceShortfall,
@@ -59,39 +57,24 @@ from hicache.tiers.results import (
     PrefetchStatus,
     UnfinishedResult,
 )
-from hicache.tiers.storage import StorageTier, prefetch_outcome
 from hicache.tree.door import (
     InsertArgs,
     check_count,
-    check_insert,
     check_namespace,
-    check_on_path,
     check_request_id,
 )
 from hicache.tree.errors import CacheError
 from hicache.tree.integrity import check_tree
-from hicache.tree.paging import align_down, align_up, empty_slots
+from hicache.tree.paging import align_down, align_up
 from hicache.tree.radix_tree import RadixTree, Tokens, TreeNode, as_token_list
 from host_pool import HostKVPool
 from storage_backends import StorageBackend
-from storage_backends.guard import GuardedBackend, open_guarded
 from transfer import TransferEngine
 from transfer.storage_io import StorageIO
 
 __all__ = ["CacheError", "HiRadixCache"]
 
 logger = logging.getLogger(__name__)
-
-Record = (
-    BackupDone
-    | LoadDone
-    | LoadFailed
-    | PutDone
-    | PrefetchDone
-    | LookupDone
-    | StorageRemoved
-    | WaitTimedOut
-)
 
 
 class HiRadixCache:
@@ -122,7 +105,7 @@ class HiRadixCache:
         self._life = Lifecycle(self)
         self._clock = clock
         try:
-            self._build(config, device_pool, host_pool, transfer, storage)
+            self._build(config, Given(device_pool, host_pool, transfer, storage))
         except BaseException:
             self._life.release()
             # The parts refer back to this object (callbacks): drop them now so
@@ -130,55 +113,25 @@ class HiRadixCache:
             vars(self).clear()
             raise
 
-    def _build(
-        self,
-        config: CacheConfig,
-        device_pool: DeviceKVPool | None,
-        host_pool: HostKVPool | None,
-        transfer: TransferEngine | None,
-        storage: StorageBackend | None,
-    ) -> None:
+    def _build(self, config: CacheConfig, given: Given) -> None:
         self.config = config
-        self.page_size = ps = config.device.page_size
-        self.device_pool = device_pool or build_device_pool(config)
-        if self.device_pool.page_size != ps:
-            raise ValueError("device pool page_size differs from device.page_size")
-        self.host_pool = host_pool or build_host_pool(config, self.device_pool)
-        if host_pool is None and self.host_pool is not None:
-            # Built here, so ours to unpin; released last (after the copy engine).
-            self._life.started(self.host_pool.close)
-        self.fingerprint = model_fingerprint(config.model, ps)
-        self.keys = NodeKeys(self.fingerprint, ps)
-        self._write = create_write_policy(config.policy.write_policy)
-        self._prefetch = create_prefetch_policy(config.policy.prefetch_policy)
-        self._cost = CostSettings(config.policy.cost_margin, config.policy.cost_probe_s)
-        evict_policy = create_eviction_policy(config.policy.eviction)
-        self.residency = ResidencyTree(ps, self.device_pool.allocator, evict_policy, self._on_split)
-        self.host: HostTier | None = None
-        if self.host_pool is not None:
-            engine = transfer or build_transfer(config, self.device_pool, self.host_pool)
-            self._life.started(engine.close)
-            self.host = HostTier(self.host_pool, engine, self.residency.tree, evict_policy)
-            self._life.started(self.host.close)
-        self.store = self._build_storage(storage)
-        self.observer = Observer(config, self.keys, self._gauges, self._clock)
-        self._life.started(self.observer.close)
-
-    def _build_storage(self, backend: StorageBackend | None) -> StorageTier | None:
-        cfg = self.config.storage
-        if backend is None and not cfg.enabled:
-            return None
-        if self.host_pool is None:
-            raise ValueError("the storage tier needs the host tier")
-        # Behind the guard, a failing or damaged store costs hits, never the engine.
-        if backend is None:
-            named = dataclasses.replace(cfg, fingerprint=self.fingerprint.hex())
-            guarded = open_guarded(cfg.backend, named)
-        else:
-            guarded = GuardedBackend(backend, None, cfg.timeout_s)
-        io = StorageIO(guarded, self.host_pool, self.config.policy.io_workers, self._clock)
-        self._life.started(functools.partial(io.close, cfg.timeout_s))
-        return StorageTier(io, self.page_size, cfg.timeout_s, self._clock)
+        self.page_size = config.device.page_size
+        parts = build_parts(config, given, self._life, self._clock, self._on_split, self._gauges)
+        self.device_pool, self.host_pool = parts.device_pool, parts.host_pool
+        self.fingerprint, self.keys = parts.fingerprint, parts.keys
+        self.residency, self.host, self.store = parts.residency, parts.host, parts.store
+        self.observer = parts.observer
+        policy = config.policy
+        self._demotion = Demotion(policy, self.residency, self.host, self.observer, self._route)
+        self._admission = Admission(
+            policy,
+            self.device_pool.shape.bytes_per_token,
+            self.residency,
+            self.host,
+            self.observer,
+            self.keys,
+            self._demotion,
+        )
 
     def _on_split(self, upper: TreeNode, lower: TreeNode) -> None:
         if self.host is not None:
@@ -230,7 +183,7 @@ class HiRadixCache:
             self._route(self.host.settle(path))
         found = self.residency.touch(path)
         indices = found.device_indices
-        self._selective_backups(found.device_nodes, path)
+        self._demotion.on_match(found.device_nodes, path)
         stored = 0
         if with_storage and self.store is not None:
             start = self.residency.depth_tokens(found.last_host)
@@ -258,7 +211,7 @@ class HiRadixCache:
         the tree already holds keep the tree's slots and the request's
         duplicates are freed; new pages pass to the tree. Slots past
         ``result.inserted_len`` stay the caller's."""
-        door = self._door(tokens, device_slots, namespace)
+        door = self.residency.check_insert(tokens, device_slots, namespace, None)
         return self._insert(door, namespace, NO_SLOTS, False, priority)
 
     def cache_finished_req(
@@ -274,7 +227,7 @@ class HiRadixCache:
         tail page, and drop the lock it held on ``last_node`` (from its match).
         The slots past ``last_node`` must be the request's own (SlotError: a
         request finished twice, or another's KV)."""
-        door = self._door(tokens, device_slots, namespace, last_node)
+        door = self.residency.check_insert(tokens, device_slots, namespace, last_node)
         result = self._insert(door, namespace, door.tail, True, priority)
         self.residency.unlock(last_node)
         return result
@@ -292,20 +245,12 @@ class HiRadixCache:
         lock from ``last_node`` to the new last node. Use
         ``result.device_indices`` for the first positions from now on; the
         slots after them stay the request's."""
-        door = self._door(tokens, device_slots, namespace, last_node)
+        door = self.residency.check_insert(tokens, device_slots, namespace, last_node)
         result = self._insert(door, namespace, NO_SLOTS, False, priority)
         self.residency.lock(result.last_node)
         self.residency.unlock(last_node)
         indices = self.residency.prefix_slots(result.last_node)
         return UnfinishedResult(indices, result.last_node, result.prefix_len)
-
-    def _door(
-        self, tokens: Tokens, slots: torch.Tensor, ns: str | None, last: TreeNode | None = None
-    ) -> InsertArgs:
-        if last is not None:
-            self.residency.check_node(last, locked=True)
-        page_of = self.device_pool.allocator.page_slots
-        return check_insert(self.tree, tokens, slots, ns, last, page_of)
 
     def _insert(
         self,
@@ -325,8 +270,7 @@ class HiRadixCache:
             self.observer.stored(node, "device")
         if out.added is not None:
             self.observer.metrics.add("inserted_tokens", len(out.added.key))
-            if self._write.on_insert:
-                self._backup(out.added)
+            self._demotion.on_insert(out.added)
         return out.result
 
     # locks and device slots ------------------------------------------------
@@ -343,22 +287,7 @@ class HiRadixCache:
         even eviction cannot make room. The slots are request-held until they
         are inserted or passed to ``free_device``."""
         check_count(num_tokens, "num_tokens")
-        return self._alloc_device(align_up(num_tokens, self.page_size))
-
-    def _alloc_device(self, num_tokens: int) -> torch.Tensor | None:
-        """Evict as needed; when only backups in flight (locked) stand in the
-        way, wait for their acks and retry rather than fail."""
-        alloc = self.device_pool.allocator
-        if alloc.available() < num_tokens:
-            self.evict(num_tokens - alloc.available())
-        short = alloc.available() < num_tokens
-        if short and self.host is not None and self.host.backups_in_flight():
-            self._route(self.host.wait_backups())
-            self.evict(num_tokens - alloc.available())
-        slots = alloc.alloc(num_tokens)
-        if slots is None:
-            logger.info("device allocation failed: %s", self.device_shortfall(num_tokens))
-        return slots
+        return self._demotion.alloc_device(align_up(num_tokens, self.page_size), self.store)
 
     def device_shortfall(self, num_tokens: int) -> DeviceShortfall:
         """Why ``num_tokens`` device tokens cannot be had now: what holds the
@@ -401,147 +330,29 @@ class HiRadixCache:
         writes in flight pin its pages, waits for them once (at most
         ``storage.timeout_s``)."""
         check_count(num_tokens, "num_tokens")
-        freed = demoted = deleted = 0
-        waited = [False]  # one wait for storage per call keeps the call bounded
-        while freed < num_tokens:
-            step = self.residency.evict_pass(num_tokens - freed, self._needs_write_back)
-            dropped = list(step.dropped)
-            lost = 0
-            for node in step.write_back:
-                done = self._write_back(node, waited)
-                lost += 0 if done is not None else len(node.key)
-                dropped += [done] if done is not None else []
-            self._route_dropped(dropped, "device")
-            if step.freed - lost == 0:
-                break
-            freed += step.freed - lost
-            demoted += sum(len(d.node.key) for d in dropped if not d.deleted)
-            deleted += sum(len(d.node.key) for d in dropped if d.deleted)
-        return EvictResult(freed, demoted, deleted)
-
-    def _needs_write_back(self, node: TreeNode) -> bool:
-        # Host-only children would be orphaned by deleting their parent.
-        return self.host is not None and (self._write.on_evict or bool(node.children))
-
-    def _write_back(self, node: TreeNode, waited: list[bool]) -> Dropped | None:
-        op = self._backup(node)
-        if op is None and not waited[0] and self.store is not None and self.store.in_flight():
-            # Host full of copies that storage puts still read: let them land, retry.
-            waited[0] = True
-            self._route(self.store.drain())
-            op = self._backup(node)
-        if op is not None and self.host is not None:
-            self._route([self.host.wait(op)])
-        return self.residency.finish_write_back(node)
+        return self._demotion.evict(num_tokens, self.store)
 
     def evict_host(self, num_tokens: int) -> int:
         """Free at least ``num_tokens`` host tokens from unpinned host-only
         leaves; the nodes are deleted (their pages may live on in storage)."""
         check_count(num_tokens, "num_tokens")
-        if self.host is None:
-            return 0
-        dropped = self.host.evict(num_tokens)
-        self._route_dropped(dropped, "host")
-        return sum(len(d.node.key) for d in dropped)
-
-    def _route_dropped(self, dropped: list[Dropped], medium: str) -> None:
-        for d in dropped:
-            key = "demoted_tokens_device" if medium == "device" and not d.deleted else None
-            self.observer.metrics.add(key or f"evicted_tokens_{medium}", len(d.node.key))
-            if d.announced:
-                self.observer.removed(d.node, "device" if medium == "device" else "host")
-            if medium == "host" and d.deleted:
-                self.residency.remove_leaf(d.node)
-
-    def _make_host_room(self, num_tokens: int) -> None:
-        assert self.host is not None
-        self._route_dropped(self.host.make_room(num_tokens), "host")
+        return self._demotion.evict_host(num_tokens)
 
     # host tier ---------------------------------------------------------------
-    def _backup(self, node: TreeNode) -> int | None:
-        """Start a D2H copy of ``node``, locked until its ``BackupDone``."""
-        if self.host is None or node.device is None or node.host is not None:
-            return None
-        self._make_host_room(len(node.key))
-        op = self.host.backup(node)
-        if op is not None:
-            self.residency.lock(node)
-        return op
-
-    def _selective_backups(self, nodes: list[TreeNode], path: list[TreeNode]) -> None:
-        """Back up the hot ``nodes`` of a match when the write policy says so.
-        The match's host copies are pinned meanwhile: making host room must not
-        evict a host-only node the match is about to return."""
-        if self.host is None:
-            return
-        threshold = self.config.policy.write_through_threshold
-        hot = [
-            n
-            for n in nodes
-            if n.host is None and n.backup_op is None and self._write.on_hit(n.hit_count, threshold)
-        ]
-        if not hot:
-            return
-        pin = self.host.pin(n for n in path if n.host is not None)
-        try:
-            for node in hot:
-                self._backup(node)
-        finally:
-            self.host.unpin(pin)
-
     def init_load_back(self, last_host_node: TreeNode, host_hit_length: int) -> LoadBackResult:
         """Bring the host-only nodes above ``last_host_node`` back to device:
         device slots are allocated (evicting if needed) and the H2D copy is
         queued; ``start_loading()`` launches it and ``wait_layer(i)`` gates
         attention. Loads below ``policy.load_back_threshold`` tokens, or that
         cannot get device slots, load nothing (``loaded_tokens == 0``)."""
-        check_count(host_hit_length, "host_hit_length")
-        if self.host is None or self.host.transfer is None:
-            raise CacheError("the host tier is disabled or closed")
-        self.residency.check_node(last_host_node, locked=False)
-        chain = self.residency.host_chain(last_host_node)
-        total = sum(len(n.key) for n in chain)
-        anchor = chain[0].parent if chain else last_host_node
-        assert anchor is not None
-        threshold = max(self.config.policy.load_back_threshold, 1)
-        if total == 0 or total < threshold or host_hit_length <= 0:
-            return LoadBackResult(empty_slots(), anchor, 0)
-        # Pin what we stand on while allocation evicts: the device prefix and
-        # the host copies to load.
-        self.residency.lock(anchor)
-        pin = self.host.pin(chain)
-        try:
-            slots = self._alloc_device(total)
-        finally:
-            self.host.unpin(pin)
-            self.residency.unlock(anchor)
-        if slots is None:
-            return LoadBackResult(empty_slots(), anchor, 0)
-        self.residency.attach_device(chain, slots)
-        self.residency.lock(chain[-1])
-        self.host.queue_load(chain, slots)
-        return LoadBackResult(slots.clone(), chain[-1], int(slots.numel()))
+        return self._admission.load_back(self.store, last_host_node, host_hit_length)
 
     def admit(self, match: MatchResult) -> AdmitResult:
         """Take a match into use: load its host hit back when worth it and lock
         the prefix's last node for the request. The caller still calls
         ``start_loading()`` once for the batch, and ``dec_lock_ref`` /
         ``cache_*_req`` on ``result.last_node`` later."""
-        prefix, last, loaded = match.device_indices, match.last_device_node, 0
-        if match.host_hit_length and self.transfer is not None and self._worth_loading(match):
-            lb = self.init_load_back(match.last_host_node, match.host_hit_length)
-            if lb.loaded_tokens:
-                prefix, last = torch.cat([prefix, lb.device_indices]), lb.last_node
-                loaded = lb.loaded_tokens
-        self.residency.lock(last)
-        return AdmitResult(prefix, last, loaded)
-
-    def _worth_loading(self, match: MatchResult) -> bool:
-        """The prefetch policy's word on loading the host hit back (``cost``:
-        only when it arrives clearly before it could be recomputed)."""
-        bpt = self.device_pool.shape.bytes_per_token
-        parts = PrefixParts(match.device_hit_length, match.host_hit_length, 0, self.page_size, bpt)
-        return self._prefetch.plan(parts, self.observer.rates.snapshot(), self._cost).host > 0
+        return self._admission.admit(self.store, match)
 
     def record_prefill(self, tokens: int, seconds: float) -> None:
         """The engine computed ``tokens`` new tokens (all its requests') in one
@@ -581,39 +392,7 @@ class HiRadixCache:
         check_request_id(request_id)
         if self.store is None or self.host is None:
             return 0
-        if self.store.has_prefetch(request_id):
-            raise CacheError(f"request {request_id!r} already has a prefetch")
-        check_namespace(namespace)
-        key = as_token_list(tokens)
-        self.residency.check_node(last_host_node, locked=False)
-        start = check_on_path(self.tree, last_host_node, key, namespace, "last_host_node")
-        aligned, ps = align_down(len(key), self.page_size), self.page_size
-        min_pages = -(-self.config.policy.prefetch_threshold // ps)
-        if aligned - start <= 0 or aligned - start < self.config.policy.prefetch_threshold:
-            return 0
-        chain, bpt = (
-            self.residency.host_chain(last_host_node),
-            self.device_pool.shape.bytes_per_token,
-        )
-        host_len = sum(len(n.key) for n in chain)
-        parts = PrefixParts(start - host_len, host_len, aligned - start, ps, bpt)
-        plan = StoragePlan(self._prefetch, parts, self.observer.rates.snapshot(), self._cost)
-        if not plan.pages((aligned - start) // ps) and not plan.pages(min_pages):
-            self.observer.metrics.add("prefetch_started")  # judged too slow: not even looked up
-            self.observer.metrics.add("prefetch_declined")
-            return 0
-        keys = page_keys(self.keys.chain_from(last_host_node), namespace, key[start:aligned], ps)
-        pin = self.host.pin(chain)  # what the pages hang from
-        self._make_host_room(aligned - start)
-        slots = self.host.reserve(aligned - start)
-        if slots is None:
-            self.host.unpin(pin)
-            return 0
-        self.store.start_prefetch(
-            request_id, key, namespace, start, keys, slots, pin, min_pages, plan, bpt * ps
-        )
-        self.observer.metrics.add("prefetch_started")
-        return aligned - start
+        return self._admission.prefetch(self.store, request_id, tokens, namespace, last_host_node)
 
     def check_prefetch(self, request_id: str) -> PrefetchStatus:
         """Progress of ``request_id``'s prefetch (tokens arrived so far) and
@@ -624,9 +403,7 @@ class HiRadixCache:
             raise CacheError(f"no prefetch for request {request_id!r}")
         if not state.done:
             self._route(self.store.poll())
-        policy, total = self.config.policy, len(state.keys) * self.page_size
-        budget = policy.prefetch_timeout_base_s + policy.prefetch_timeout_per_1k_s * total / 1000
-        return self.store.status(state, self._prefetch, budget)
+        return self._admission.status(self.store, state)
 
     def wait_prefetch(self, request_id: str, timeout_s: float | None = None) -> PrefetchStatus:
         """Block until ``request_id``'s prefetch has landed and been inserted,
@@ -652,48 +429,7 @@ class HiRadixCache:
         if unknown."""
         if self.store is None:
             raise CacheError(f"no prefetch for request {request_id!r}")
-        state = self.store.prefetch(request_id)
-        waited = self.observer.rates.clock() - state.started
-        if not state.done:
-            got = self.store.take_arrived(request_id, self._prefetch.cuts)
-            if got.cut:
-                self.observer.metrics.add("prefetch_cuts")
-                if got.seconds > 0:  # counts with what it moved (a page at least: one was due)
-                    page = self.page_size * self.device_pool.shape.bytes_per_token
-                    self.observer.rates.record_s2h(max(got.nbytes, page), got.seconds)
-            self._adopt_prefetched(got.state, got.lo, got.hi)
-        self.store.release(request_id)
-        self.observer.latency("prefetch_wait", waited)  # prefetch() until the request went on
-
-    def _finish_prefetch(self, done: PrefetchDone) -> None:
-        assert self.host is not None
-        state = done.state
-        got = max(done.fetched_pages * self.page_size, state.taken)
-        self.observer.metrics.record_transfer("s2h", done.nbytes, done.ok)
-        outcome = prefetch_outcome(done, self.page_size, self.config.policy.prefetch_threshold)
-        self.observer.metrics.add(f"prefetch_{outcome}")
-        if done.read is not None and not state.cut:  # a cut read was counted when cut
-            self.observer.rates.record_s2h(*done.read)
-        self.host.free_reserved(state.host_slots[got:])
-        self._adopt_prefetched(state, state.taken, got)
-        self.host.unpin(state.pin_id)
-
-    def _adopt_prefetched(self, state: PrefetchState, lo: int, hi: int) -> None:
-        """Tokens ``[lo, hi)`` of a prefetch's reserved host slots landed: they
-        become a host-only node below what the tree holds of their prefix."""
-        if hi <= lo:
-            return
-        assert self.host is not None
-        slots, ps = state.host_slots[lo:hi], self.page_size
-        graft = self.residency.graft(
-            state.key[: state.start + hi], state.namespace, state.start + lo
-        )
-        # graft.have < 0: the prefix they hang from is gone, nothing to attach to.
-        self.host.free_reserved(slots if graft.have < 0 else slots[: graft.have])
-        if graft.node is not None:
-            self.host.adopt(graft.node, slots[graft.have :])
-            self.keys.assign(graft.node, state.keys[(lo + graft.have) // ps : hi // ps])
-            self.observer.stored(graft.node, "host")
+        self._admission.release(self.store, request_id)
 
     # completions -------------------------------------------------------------
     def poll(self) -> PollResult:
@@ -705,7 +441,7 @@ class HiRadixCache:
         if self.store is not None:
             records += self.store.poll()
         counts = self._route(records)
-        self._retire_bad_device()
+        self._demotion.retire_bad()
         self.observer.flush()
         return counts
 
@@ -773,17 +509,9 @@ class HiRadixCache:
             self.observer.metrics.record_transfer("h2s", rec.nbytes, rec.ok)
             self.observer.stored_leading(rec.event, rec.stored_pages)
         elif isinstance(rec, PrefetchDone):
-            self._finish_prefetch(rec)
+            self._admission.landed(rec)
         elif isinstance(rec, StorageRemoved):
             self.observer.storage_removed(rec.keys)
-
-    def _retire_bad_device(self) -> None:
-        """Drop the copies of failed loads once nobody holds them: the device
-        copy, and the host copies below it, so the next request recomputes."""
-        if self.host is None:
-            return
-        for dropped in self.residency.retire_bad():
-            self._route_dropped(self.host.drop_subtree(dropped.node), "host")
 
     # administration ------------------------------------------------------------
     def reset(self) -> None:
@@ -828,26 +556,9 @@ class HiRadixCache:
         return self.observer.stats()
 
     def _gauges(self) -> Gauges:
-        """Sizes for a Prometheus scrape (on the scrape thread: reads only; the
-        backend's ``stats()`` is thread-safe)."""
-        host = host_capacity = 0
-        if self.host_pool is not None:
-            alloc = self.host_pool.allocator
-            host, host_capacity = alloc.capacity - alloc.available(), alloc.capacity
-        store = self.storage.backend.stats() if self.storage is not None else None
-        return Gauges(
-            self.device_tokens(),
-            host,
-            self.protected_size(),
-            device_capacity_tokens=self.device_pool.allocator.capacity,
-            host_capacity_tokens=host_capacity,
-            bytes_per_token=self.device_pool.shape.bytes_per_token,
-            storage_bytes=store.bytes_used if store else 0,
-            storage_capacity_bytes=store.capacity_bytes if store else 0,
-            storage_pages=store.entries if store else 0,
-            storage=store,
-            rates=self.observer.rates.snapshot(),
-        )
+        """Sizes for a Prometheus scrape (on the scrape thread: reads only)."""
+        pools, rates = (self.device_pool, self.host_pool), self.observer.rates
+        return read_gauges(*pools, self.residency, self.storage, rates)
 
     def pretty_print(self) -> str:
         """The tree as indented text, one node a line."""

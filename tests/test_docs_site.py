@@ -161,3 +161,4 @@ def test_the_cli_page_names_every_shipped_config_by_what_reads_it() -> None:
     assert sorted(cache + daemon) == shipped_configs()
     assert "(shipped: " + ", ".join(f"`{n}`" for n in cache) + "; default `default`)" in text
     assert "(shipped: " + ", ".join(f"`{n}`" for n in daemon) + ")" in text
+    assert "`keygen`, `store verify` and `store migrate` read no config" in text

@@ -152,6 +152,24 @@ def module_cycles(root: Path, top_only: bool) -> list[list[str]]:
     return cycles(edges)
 
 
+# One concept per module: a file past this many lines holds more than one (BRIEF, style 1).
+MAX_LINES = 600
+# Every Python file of the repository that the rule covers: the packages, their tests,
+# the scripts, the examples and the docs' build hooks.
+LINE_CHECKED = (*PACKAGES, "tests", "scripts", "examples", "docs")
+
+
+def long_files(root: Path, limit: int = MAX_LINES) -> list[str]:
+    """``path: lines`` of each Python file under ``root``'s checked folders over ``limit``."""
+    out = []
+    for folder in LINE_CHECKED:
+        for path in sorted((root / folder).rglob("*.py")):
+            lines = len(path.read_text().splitlines())
+            if lines > limit:
+                out.append(f"{path.relative_to(root).as_posix()}: {lines}")
+    return out
+
+
 def _map() -> dict[str, frozenset[str]]:
     return read_map((REPO / "docs" / "architecture.md").read_text())
 
@@ -216,6 +234,24 @@ def test_an_upward_import_fails_the_check(tmp_path: Path) -> None:
     assert violations(tmp_path, rows | allowed) == []
     assert module_cycles(tmp_path, top_only=False) == [["hicache.cache", "host_pool"]]
     assert module_cycles(tmp_path, top_only=True) == []
+
+
+def test_no_module_is_over_600_lines() -> None:
+    """Split a module that grows past it along a seam (a class per concern), as
+    ``hicache/cache.py`` was into ``admission``, ``demotion``, ``factory`` and ``gauges``."""
+    assert long_files(REPO) == []
+
+
+def test_a_long_module_fails_the_line_check(tmp_path: Path) -> None:
+    """The checker itself: a file one line over the limit is named, in a package or a
+    test folder; one at the limit passes."""
+    (tmp_path / "hicache" / "tiers").mkdir(parents=True)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "hicache" / "tiers" / "big.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "hicache" / "fits.py").write_text("x = 1\n" * MAX_LINES)
+    (tmp_path / "tests" / "test_big.py").write_text("\n" * (MAX_LINES + 5))
+    over = [f"hicache/tiers/big.py: {MAX_LINES + 1}", f"tests/test_big.py: {MAX_LINES + 5}"]
+    assert long_files(tmp_path) == over
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""The README's embedding example runs as written."""
+"""The README is the front door: the two commands first, what hicache is, what each tier
+buys, the embedding example (run as written), and links into the documentation site,
+where everything else lives. Every command it shows runs; every link it has resolves."""
 
 from __future__ import annotations
 
@@ -9,16 +11,54 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+# A front door, not a manual: what does not fit belongs on a page of the site.
+MAX_LINES = 150
+
+
+def shell_commands(text: str) -> list[str]:
+    """The commands of the ``sh`` blocks of ``text``, comments dropped."""
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    lines = (line.split("#")[0].strip() for block in blocks for line in block.splitlines())
+    return [line for line in lines if line]
 
 
 def test_readme_opens_with_the_two_commands() -> None:
-    text = (REPO / "README.md").read_text()
-    first_block = text.split("```")[1]
-    assert "make run" in first_block and "make test" in first_block
+    text = README.read_text()
+    title, first_block = text.split("```")[:2]
+    assert title.strip() == "# hicache"  # nothing before the two commands but the title
+    assert shell_commands(f"```{first_block}```") == ["make run", "make test"]
+
+
+def test_readme_is_a_front_door() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= MAX_LINES, "move what does not fit into a page of docs/"
+    assert "make docs" in shell_commands(text)
+
+
+def test_every_command_the_readme_shows_runs() -> None:
+    """Each is a make target; ``make -n`` resolves it (and what it depends on) without
+    running it: ``make run`` and ``make test`` themselves run in CI."""
+    commands = shell_commands(README.read_text())
+    assert commands and all(c.startswith("make ") for c in commands), commands
+    targets = [c.split()[1] for c in commands]
+    dry = subprocess.run(
+        ["make", "-n", *targets], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert dry.returncode == 0, dry.stderr
+
+
+def test_readme_links_pages_of_the_site() -> None:
+    """A page the README links is one the site builds (in ``mkdocs.yml``'s nav)."""
+    nav = (REPO / "mkdocs.yml").read_text()
+    pages = [t.split("#")[0] for t in re.findall(r"\]\((docs/[^)]+)\)", README.read_text())]
+    assert len(pages) >= 10
+    for page in pages:
+        assert re.search(rf"\s{re.escape(page.removeprefix('docs/'))}\s", nav), page
 
 
 def test_readme_shows_the_embedding_example_as_it_is_in_examples() -> None:
-    text = (REPO / "README.md").read_text()
+    text = README.read_text()
     code = re.search(r"```python\n(.*?)```", text, re.S)
     assert code is not None
     example = (REPO / "examples" / "embed.py").read_text()
@@ -40,7 +80,7 @@ def test_embedding_example_runs_from_any_directory(tmp_path: Path) -> None:
     assert run.stdout.strip() == "cached 96 tokens (100 asked; whole pages only)"
 
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
 
 
 def test_docs_link_nothing_outside_the_repository() -> None:
@@ -51,33 +91,3 @@ def test_docs_link_nothing_outside_the_repository() -> None:
         for target in re.findall(r"\]\(([^)]+)\)", text):
             path = (doc.parent / target.split("#")[0]).resolve()
             assert path.is_relative_to(REPO) and path.exists(), f"{doc.name}: broken {target}"
-
-
-def test_readme_config_table_is_generated_from_the_dataclasses() -> None:
-    from hicache.config import doc as config_doc
-
-    text = (REPO / "README.md").read_text()
-    expected = config_doc.replace_all(text)
-    assert text == expected, "run: python -m hicache.config.doc --write README.md"
-    for table in config_doc.tables():
-        assert table.begin in text and table.end in text
-
-
-def test_every_config_key_is_explained() -> None:
-    from hicache.config import doc as config_doc
-
-    for table in config_doc.tables():
-        missing = [d.key for d in config_doc.field_docs(table) if not d.meaning]
-        assert missing == [], f"add these keys to hicache.config.doc's meanings: {missing}"
-        stale = set(table.meanings) - set(config_doc.config_keys(table.cls))
-        assert stale == set(), f"the meanings name keys that no longer exist: {stale}"
-
-
-def test_config_table_shows_the_shipped_defaults() -> None:
-    from hicache.config import doc as config_doc
-
-    rows = {d.key: d for d in config_doc.field_docs()}
-    # default.toml sets these differently from the dataclasses; both columns say so.
-    assert rows["storage.backend"].shipped == "disk" and rows["storage.backend"].unset == "none"
-    table = config_doc.markdown_table()
-    assert '| `storage.backend` | `"disk"` | `"none"` |' in table

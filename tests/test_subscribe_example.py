@@ -1,13 +1,16 @@
-"""examples/subscribe_events.py, as the README shows it, prints the events of a
-real cache; the README names the engine releases whose own Structs decode them."""
+"""examples/subscribe_events.py, as the KV events page (docs/guide/events.md) shows
+it, prints the events of a real cache; the page names the engine releases whose own
+Structs decode them."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -19,6 +22,7 @@ from tests.hicache.helpers import serve, two_tier
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "subscribe_events.py"
+EVENTS_PAGE = ROOT / "docs" / "guide" / "events.md"
 
 
 def pinned() -> dict[str, str]:
@@ -27,18 +31,29 @@ def pinned() -> dict[str, str]:
     return dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
 
 
-def test_the_readme_shows_the_example_as_it_is() -> None:
-    readme = (ROOT / "README.md").read_text()
+def site_hook() -> ModuleType:
+    """docs/hooks/pages.py, which puts the example into the page when the site is built."""
+    spec = importlib.util.spec_from_file_location(
+        "docs_pages", ROOT / "docs" / "hooks" / "pages.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_events_page_shows_the_example_as_it_is() -> None:
+    page = site_hook().expand(EVENTS_PAGE.read_text(), "guide/events.md")
     body = EXAMPLE.read_text().split('"""', 2)[2].strip()
-    assert body in readme
+    assert f"```python\n{body}\n```" in page
     assert len([line for line in body.splitlines() if line.strip()]) <= 14
 
 
 @pytest.mark.parametrize("package", ["vllm", "sglang"])
-def test_the_readme_names_the_releases_the_tests_decode_with(package: str) -> None:
+def test_the_events_page_names_the_releases_the_tests_decode_with(package: str) -> None:
     version = pinned()[package]
     name = {"vllm": "vLLM", "sglang": "SGLang"}[package]
-    assert f"{name} {version}" in (ROOT / "README.md").read_text()
+    assert f"{name} {version}" in EVENTS_PAGE.read_text()
     # tests/hicache/events/test_events.py decodes every batch with that release's own Structs.
     assert f"{package}=={version}" in (VLLM, SGLANG)
 

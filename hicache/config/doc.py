@@ -1,11 +1,8 @@
 """The configuration tables (the cache's, the daemon's), generated from the config
-dataclasses: in the README, and on the documentation site's reference pages
-(``docs/hooks/pages.py`` builds those at build time from ``table_rows``).
-
-``python -m hicache.config.doc`` prints them; ``--write README.md`` replaces the
-blocks between the README's markers. A test checks that the README holds what
-this module generates, so a table can never disagree with the code or with
-``configs/default.toml`` / ``configs/daemon.toml``.
+dataclasses and the shipped files: the documentation site's reference pages
+(``docs/hooks/pages.py`` builds them at build time from ``table_rows``), so a
+table can never disagree with the code or with ``configs/default.toml`` /
+``configs/daemon.toml``. ``python -m hicache.config.doc`` prints them.
 """
 
 from __future__ import annotations
@@ -13,17 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import NamedTuple
 
 from hicache.config.cache import CacheConfig, choice_fields
 from hicache.config.loader import keys_of
 from hicache.config.shipped import resolve_config
-
-BEGIN = "<!-- config-table:begin (generated: python -m hicache.config.doc --write README.md) -->"
-END = "<!-- config-table:end -->"
-DAEMON_BEGIN = BEGIN.replace("config-table", "daemon-config-table")
-DAEMON_END = END.replace("config-table", "daemon-config-table")
 
 MEANINGS: dict[str, str] = {
     "model.model_id": "names the model; part of the page-key fingerprint",
@@ -182,21 +173,19 @@ DAEMON_MEANINGS: dict[str, str] = {
 
 
 class Table(NamedTuple):
-    """One generated table: the config it documents and where it goes in the README."""
+    """One generated table: the config it documents, with the meaning of each key."""
 
     cls: type
     shipped: str  # the shipped config of the "--config" column
     meanings: dict[str, str]
-    begin: str
-    end: str
 
 
 def tables() -> tuple[Table, Table]:
     from hicache.config.daemon import DaemonConfig
 
     return (
-        Table(CacheConfig, "default", MEANINGS, BEGIN, END),
-        Table(DaemonConfig, "daemon", DAEMON_MEANINGS, DAEMON_BEGIN, DAEMON_END),
+        Table(CacheConfig, "default", MEANINGS),
+        Table(DaemonConfig, "daemon", DAEMON_MEANINGS),
     )
 
 
@@ -268,30 +257,10 @@ def markdown_table(table: Table | None = None) -> str:
     return "\n".join([table_head(table), *(row for _, row in table_rows(table))])
 
 
-def replace_block(text: str, table: str, begin: str = BEGIN, end: str = END) -> str:
-    """``text`` with the block between the markers replaced by ``table``."""
-    head, sep, rest = text.partition(begin)
-    _, sep2, tail = rest.partition(end)
-    if not sep or not sep2:
-        raise ValueError(f"markers {begin!r} ... {end!r} not found")
-    return f"{head}{begin}\n{table}\n{end}{tail}"
-
-
-def replace_all(text: str) -> str:
-    """``text`` with every generated table brought up to date."""
-    for t in tables():
-        text = replace_block(text, markdown_table(t), t.begin, t.end)
-    return text
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hicache.config.doc", description=__doc__)
-    parser.add_argument("--write", type=Path, help="replace the tables in this Markdown file")
-    args = parser.parse_args(argv)
-    if args.write is None:
-        print("\n\n".join(markdown_table(t) for t in tables()))
-        return 0
-    args.write.write_text(replace_all(args.write.read_text()))
+    parser.parse_args(argv)
+    print("\n\n".join(markdown_table(t) for t in tables()))
     return 0
 
 

@@ -1,11 +1,13 @@
 """DaemonServer: the ROUTER socket loop of ``hicache serve``.
 
 One thread owns the socket and only receives, routes and sends: it answers PING
-and STATS at once, queues GET, EXISTS and CONTAINS per client for the reader threads
-(``readers``: round robin across clients, so one client's bulk reads never hold
-another's small request), and hands writes (PUT, DELETE) to the writer thread,
-replying when their commit is done. Replies go out as they complete, so one
-client's requests may be answered out of order (each carries its request id).
+and STATS at once, answers a read (GET, EXISTS, CONTAINS) the memory tier holds in
+full, queues the other reads per client for the reader threads (``readers``: round
+robin across clients, so one client's bulk reads never hold another's small request;
+``read_answers`` builds read replies on either thread), and hands writes (PUT,
+DELETE) to the writer thread, replying when their commit is done. Replies go out
+as they complete, so one client's requests may be answered out of order (each
+carries its request id).
 Every failure becomes an error reply; nothing a client sends can stop the loop.
 What a client can make the daemon hold is bounded: writes in flight, reads
 queued, GET replies being read or not yet taken (``replies``), connections
@@ -32,19 +34,17 @@ from hicache.config.daemon import DaemonConfig, ServerConfig, is_loopback
 from hicache.daemon.auth import DEFAULT_TENANT, CurveAuth
 from hicache.daemon.metrics import DaemonMetrics
 from hicache.daemon.peers import PeerGuard, raise_fd_limit
-from hicache.daemon.readers import ReadDone, Readers, ReadJob
+from hicache.daemon.read_answers import ReadAnswers
+from hicache.daemon.readers import Readers, ReadJob
 from hicache.daemon.replies import ReplyBudget, send_reply
 from hicache.daemon.reply_pool import POISON_ENV, ReplyPool, poison_on
 from hicache.daemon.shm_plane import ShmPlane, remove_stale, slab_path
-from hicache.daemon.store import DaemonStore, Lookup, scoped_key
+from hicache.daemon.store import DaemonStore, scoped_key
 from hicache.daemon.writer import WriteDone, WriteJob, Writer, WriterStats
 from storage_backends.remote.protocol import (
-    ContainsReply,
     DeleteReply,
     ErrorCode,
     ErrorReply,
-    ExistsReply,
-    Frame,
     GetReply,
     Op,
     PingReply,
@@ -63,10 +63,6 @@ logger = logging.getLogger(__name__)
 _POLL_MS = 100
 _RECV_BATCH = 256  # messages taken per wake-up before the writer's completions are sent
 _LINGER_MS = 2000  # time the socket keeps trying to deliver the last replies on close
-# A GET through a shared-memory lease is copied into the slab on the socket thread only up
-# to this many bytes (the remote backend asks for about 1 MiB at a time); a bigger one is
-# copied by a reader, record by record, so other clients' requests get turns in between.
-_SOCKET_COPY_BYTES = 4 << 20
 
 
 def server_version() -> str:
@@ -137,6 +133,7 @@ class DaemonServer:
         self._wake_out = self._context.socket(zmq.PUSH)
         self._writer: Writer | None = None
         self._readers: Readers | None = None
+        self._reads: ReadAnswers | None = None  # with the readers, once started
         self._wake_lock = threading.Lock()
         self._peers: PeerGuard | None = None
         self._in_flight = 0
@@ -173,7 +170,11 @@ class DaemonServer:
         self._wake_out.connect(wake)
         nice = server.background_nice  # the socket thread runs first on busy cores
         self._writer = Writer(self._store, self._wake, nice)
-        self._readers = Readers(server.readers, self._serve_read, self._wake, nice)
+        reads = ReadAnswers(
+            self._store, self._pool, self._replies, self._metrics, self._limits, self._shm
+        )
+        self._reads = reads
+        self._readers = Readers(server.readers, reads.serve, self._wake, nice)
         self._metrics.reply_bytes.set_function(lambda: self._replies.queued_bytes)
         self._metrics.reply_buffers.set_function(lambda: self._pool.size().lent)
         self._metrics.reply_tampered.set_function(lambda: self._pool.size().tampered)
@@ -305,7 +306,8 @@ class DaemonServer:
             return self._stats(request, tenant)
         if request.op in (Op.EXISTS, Op.CONTAINS, Op.GET):
             job = ReadJob(identity.bytes, request, keys, tenant, start)
-            done = self._lent_from_memory(job) if request.lease else self._from_memory(job)
+            assert self._reads is not None
+            done = self._reads.from_memory(job)
             if done is None:
                 self._submit_read(job)
             else:
@@ -377,111 +379,6 @@ class DaemonServer:
             self._end(job.request)
             raise ProtocolError(ErrorCode.BUSY, "the daemon is stopping")
         self._metrics.queued_reads.set(self._readers.stats().queued)
-
-    def _from_memory(self, job: ReadJob) -> ReadDone | None:
-        """The answer to a read the memory tier holds in full, given on the socket thread
-        (no store I/O, no page copied: a GET's reply frames are the cached records);
-        None to queue it for the readers instead (a key not in memory, or a GET reply
-        that does not fit the reply budget or cap, whose partial answer readers give)."""
-        request = job.request
-        if request.op is not Op.GET:
-            if not self._store.all_cached(job.keys):
-                return None
-            if request.op is Op.EXISTS:
-                return ReadDone(job, ExistsReply(request.id, len(job.keys)))
-            return ReadDone(job, ContainsReply(request.id, (True,) * len(job.keys)))
-        records = self._store.cached(job.keys)
-        if records is None:
-            return None
-        sizes = [len(record) for record in records]
-        if sum(sizes) > self._limits.max_request_bytes:
-            return None
-        fits = self._replies.claim(job.peer, sizes)
-        if fits < len(sizes):
-            self._replies.unclaim(job.peer, sum(sizes[:fits]))
-            return None
-        self._metrics.looked_up(len(records), 0, 0)
-        reply = GetReply(request.id, (True,) * len(records), tuple(records))
-        return ReadDone(job, reply, sum(sizes))
-
-    def _lent_from_memory(self, job: ReadJob) -> ReadDone | None:
-        """``_from_memory`` for a GET through a lease (only GET and PUT name one): what the
-        memory tier holds in full is copied into slots lent to the lease here (a copy holds
-        the GIL on whichever thread makes it); None to queue the read for the readers (a
-        key not in memory, or no room in the slab)."""
-        assert self._shm is not None
-        records = self._store.cached(job.keys)
-        if records is None or sum(len(record) for record in records) > _SOCKET_COPY_BYTES:
-            return None
-        spans = self._shm.lend(job.request.lease, records)
-        if spans is None:
-            return None
-        self._metrics.looked_up(len(records), 0, 0)
-        return ReadDone(job, GetReply(job.request.id, (True,) * len(records), (), spans))
-
-    def _serve_read(self, job: ReadJob) -> ReadDone:
-        """Answer one GET, EXISTS or CONTAINS (on a reader thread)."""
-        request = job.request
-        try:
-            if request.op is Op.EXISTS:
-                count = self._store.exists(job.keys, job.tenant)
-                return ReadDone(job, ExistsReply(request.id, count))
-            if request.op is Op.CONTAINS:
-                present = tuple(self._store.contains(job.keys, job.tenant))
-                return ReadDone(job, ContainsReply(request.id, present))
-            return self._get(job)
-        except ProtocolError as exc:
-            return ReadDone(job, ErrorReply(request.id, exc.code, exc.message))
-
-    def _get(self, job: ReadJob) -> ReadDone:
-        # Replies are capped like requests and by the room left for replies not yet taken
-        # by this peer (and all peers), so a client that never reads cannot pile up memory.
-        # The pages read are claimed before the reply is built, so readers serving several
-        # peers at once never together exceed the total room.
-        room = self._replies.room(job.peer)
-        if room <= 0:
-            raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
-        cap = min(room, self._limits.max_request_bytes)
-        lookup = self._store.get(job.keys, job.request.keys, cap, job.tenant, self._pool)
-        try:
-            lent = self._lent_reply(job, lookup) if job.request.lease else None
-            return lent if lent is not None else self._reply_of(job, lookup, room)
-        except BaseException:  # no reply will hold the pool's buffers: they come back now
-            self._pool.give_back_all(self._pool.lent_out(lookup.records))
-            raise
-
-    def _lent_reply(self, job: ReadJob, lookup: Lookup) -> ReadDone | None:
-        """The GET reply through the job's lease: the records copied into slots lent to it
-        (the pool's buffers come back at once); None when the slab has no room for them."""
-        assert self._shm is not None
-        hits = [record for record in lookup.records if record is not None]
-        spans = self._shm.lend(job.request.lease, hits)
-        if spans is None:
-            return None
-        self._pool.give_back_all(self._pool.lent_out(lookup.records))
-        self._metrics.looked_up(lookup.memory_hits, lookup.store_hits, len(job.keys) - len(hits))
-        found = tuple(record is not None for record in lookup.records)
-        return ReadDone(job, GetReply(job.request.id, found, (), spans))
-
-    def _reply_of(self, job: ReadJob, lookup: Lookup, room: int) -> ReadDone:
-        """The GET reply of what the store read, within the reply budget's ``room``."""
-        records = lookup.records
-        sizes = [len(record) for record in records if record is not None]
-        fits = self._replies.claim(job.peer, sizes)
-        if fits < len(sizes):  # other peers' readers claimed the total room meanwhile
-            records = _keep_hits(records, fits)
-            kept = {id(record) for record in records if record is not None}
-            dropped = [r for r in lookup.records if r is not None and id(r) not in kept]
-            self._pool.give_back_all(self._pool.lent_out(dropped))
-        pages = tuple(record for record in records if record is not None)
-        truncated = lookup.truncated or fits < len(sizes)
-        if truncated and not pages and room < self._limits.max_request_bytes:
-            raise ProtocolError(ErrorCode.BUSY, "earlier replies are still unread; retry later")
-        misses = len(job.keys) - len(pages)
-        self._metrics.looked_up(lookup.memory_hits, lookup.store_hits, misses)
-        found = tuple(record is not None for record in records)
-        reply = GetReply(job.request.id, found, pages)
-        return ReadDone(job, reply, sum(sizes[:fits]), buffers=tuple(self._pool.lent_out(pages)))
 
     def _admit_write(self, request: Request, nbytes: int) -> None:
         """BUSY over the in-flight bounds. (A PUT's records are checked on the writer
@@ -595,18 +492,6 @@ def _readable(sock: zmq.Socket[bytes]) -> bool:
     """Whether a message waits on ``sock`` (the socket thread owns it)."""
     events = sock.getsockopt(zmq.EVENTS)
     return isinstance(events, int) and bool(events & zmq.POLLIN)
-
-
-def _keep_hits(records: list[Frame | None], count: int) -> list[Frame | None]:
-    """``records`` with every hit after the first ``count`` turned into a miss."""
-    kept: list[Frame | None] = []
-    for record in records:
-        if record is not None and count <= 0:
-            record = None
-        elif record is not None:
-            count -= 1
-        kept.append(record)
-    return kept
 
 
 def _quotas(config: DaemonConfig) -> dict[str, int]:

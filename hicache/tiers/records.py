@@ -150,3 +150,16 @@ class WaitTimedOut(NamedTuple):
     the job stays in flight and lands in a later poll."""
 
     job_id: int
+
+
+# Every record a part hands the façade to route.
+Record = (
+    BackupDone
+    | LoadDone
+    | LoadFailed
+    | PutDone
+    | PrefetchDone
+    | LookupDone
+    | StorageRemoved
+    | WaitTimedOut
+)

@@ -25,9 +25,10 @@ from device_pool import PagedAllocator
 from hicache.policies.eviction import EvictionPolicy
 from hicache.tiers.records import Dropped
 from hicache.tiers.results import DeviceShortfall, InsertResult
+from hicache.tree.door import InsertArgs, check_insert
 from hicache.tree.errors import CacheError
 from hicache.tree.paging import empty_slots
-from hicache.tree.radix_tree import Key, RadixTree, TreeNode
+from hicache.tree.radix_tree import Key, RadixTree, Tokens, TreeNode
 
 
 class PathMatch(NamedTuple):
@@ -200,6 +201,15 @@ class ResidencyTree:
             raise CacheError(f"{node!r} is not a live node of this tree")
         if locked and node is not self.tree.root and node.lock_ref <= 0:
             raise CacheError(f"{node!r} is not locked")
+
+    def check_insert(
+        self, tokens: Tokens, slots: torch.Tensor, ns: str | None, last: TreeNode | None
+    ) -> InsertArgs:
+        """The door of an insert (``tree.door.check_insert``): ``last``, when given, a
+        locked live node; raises before anything changes."""
+        if last is not None:
+            self.check_node(last, locked=True)
+        return check_insert(self.tree, tokens, slots, ns, last, self.allocator.page_slots)
 
     def lock(self, node: TreeNode) -> None:
         """Pin ``node`` and its ancestors on device; CacheError if one is off device."""

@@ -1,22 +1,21 @@
-"""LmdbBackend: pages in one LMDB environment per store directory (the default backend).
+"""LmdbBackend: pages in one LMDB environment per store directory.
 
-Sub-databases: ``pages`` (key → header+payload), ``lru`` (8-byte big-endian
-access stamp → key, so a cursor's first entry is the least recently used),
-``atime`` (key → its stamp) and ``meta`` (format version, fingerprint, bytes
-used). Size bookkeeping is read and written inside each write transaction, so
-several processes may share one store.
+Sub-databases: ``pages`` (key → header+payload), ``lru``, ``atime`` and ``meta``
+(``writes`` keeps them consistent inside each write transaction). Size
+bookkeeping is read and written inside each write transaction, so several
+processes may share one store. This module opens the store (the structural
+check, quarantine, a reopen when its file was replaced), reads pages and
+serialises writes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 import lmdb
 
@@ -34,13 +33,17 @@ from storage_backends.errors import (
 from storage_backends.lmdb.check import check_store
 from storage_backends.lmdb.clean import OpenLock, OpenState
 from storage_backends.lmdb.env import open_env, raise_if_damage
-from storage_backends.page_format import (
-    HEADER_BYTES,
-    Verdict,
-    encode_page,
-    header_for,
-    validate,
+from storage_backends.lmdb.writes import (
+    META_BYTES_USED,
+    META_FINGERPRINT,
+    META_VERSION,
+    Dbs,
+    TxnWriter,
+    from_u64,
+    u64,
+    write_pages,
 )
+from storage_backends.page_format import HEADER_BYTES, Verdict, validate
 from storage_backends.recency import FLUSH_AT, PendingTouches
 from storage_backends.scatter import Runs, check_scatter, copy_verified_runs
 from storage_backends.store_dir import (
@@ -54,9 +57,6 @@ from storage_backends.trusted_records import check_record_buffers, trusted_recor
 
 logger = logging.getLogger(__name__)
 
-_META_VERSION = b"format_version"
-_META_FINGERPRINT = b"fingerprint"
-_META_BYTES_USED = b"bytes_used"
 # Recency updates from gets are applied in the next write transaction, or
 # in a transaction of their own once this many have piled up.
 # LMDB rounds large values up to whole pages and needs room for B-tree pages
@@ -72,107 +72,6 @@ _MIN_HEADROOM = 64 << 20
 CHECK_BUDGET_S = 2.0
 # The child is killed after this long (one that does not stop at its budget is stuck).
 CHECK_MIN_S = 60.0
-
-
-def _u64(value: int) -> bytes:
-    return value.to_bytes(8, "big")
-
-
-def _from_u64(raw: bytes | memoryview) -> int:
-    return int.from_bytes(raw, "big")
-
-
-class _Dbs(NamedTuple):
-    pages: lmdb._Database
-    lru: lmdb._Database
-    atime: lmdb._Database
-    meta: lmdb._Database
-
-
-class _PutResult(enum.Enum):
-    STORED = "stored"
-    PRESENT = "present"
-    REJECTED = "rejected"
-
-
-class _PutOutcome(NamedTuple):
-    results: list[bool]
-    puts: int
-    failures: int
-    evictions: int
-
-
-class _MapFull(Exception):
-    """LMDB ran out of map (or disk) while writing page ``index`` of a batch."""
-
-    def __init__(self, index: int) -> None:
-        super().__init__(index)
-        self.index = index
-
-
-class _Writer:
-    """Page, LRU and size bookkeeping inside one write transaction (opened with buffers=True)."""
-
-    def __init__(self, txn: lmdb.Transaction, dbs: _Dbs) -> None:
-        self._txn = txn
-        self._dbs = dbs
-        used = txn.get(_META_BYTES_USED, db=dbs.meta)
-        self.bytes_used = _from_u64(used) if used is not None else 0
-        cursor = txn.cursor(db=dbs.lru)
-        self._next_stamp = _from_u64(cursor.key()) + 1 if cursor.last() else 0
-        self.evictions = 0
-        self.removed: list[bytes] = []  # reported only once the transaction commits
-
-    def has(self, key: bytes) -> bool:
-        return self._txn.get(key, db=self._dbs.pages) is not None
-
-    def _stamp(self, key: bytes) -> None:
-        stamp = _u64(self._next_stamp)
-        self._next_stamp += 1
-        self._txn.put(stamp, key, db=self._dbs.lru)
-        self._txn.put(key, stamp, db=self._dbs.atime)
-
-    def touch(self, key: bytes) -> None:
-        """Make ``key`` the most recently used page (no-op if it is gone)."""
-        old = self._txn.get(key, db=self._dbs.atime)
-        if old is not None:
-            self._txn.delete(bytes(old), db=self._dbs.lru)
-            self._stamp(key)
-
-    def insert(self, key: bytes, value: bytes) -> None:
-        self._txn.put(key, value, db=self._dbs.pages)
-        self._stamp(key)
-        self.bytes_used += len(value)
-
-    def remove(self, key: bytes) -> bool:
-        """Delete a page and its recency entries; False if it was not stored."""
-        value = self._txn.get(key, db=self._dbs.pages)
-        if value is None:
-            return False
-        size = len(value)
-        self._txn.delete(key, db=self._dbs.pages)
-        stamp = self._txn.get(key, db=self._dbs.atime)
-        if stamp is not None:
-            self._txn.delete(bytes(stamp), db=self._dbs.lru)
-            self._txn.delete(key, db=self._dbs.atime)
-        self.bytes_used = max(0, self.bytes_used - size)
-        self.removed.append(key)
-        return True
-
-    def evict_until(self, limit: int) -> None:
-        """Remove least-recently-used pages until at most ``limit`` bytes are used."""
-        cursor = self._txn.cursor(db=self._dbs.lru)
-        while self.bytes_used > limit and cursor.first():
-            key = bytes(cursor.value())
-            if self.remove(key):
-                self.evictions += 1
-            else:
-                # A stamp without a page: drop it so the loop advances.
-                cursor.delete()
-                self._txn.delete(key, db=self._dbs.atime)
-
-    def finish(self) -> None:
-        self._txn.put(_META_BYTES_USED, _u64(self.bytes_used), db=self._dbs.meta)
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:
@@ -219,7 +118,7 @@ class LmdbBackend:
         self._retired: list[lmdb.Environment] = []  # replaced by a reopen; closed at close()
         self._generation = 0  # environments replaced so far
 
-    def _open_or_quarantine(self, path: Path) -> tuple[lmdb.Environment, _Dbs]:
+    def _open_or_quarantine(self, path: Path) -> tuple[lmdb.Environment, Dbs]:
         try:
             return self._open(path)
         except StoreDamagedError as exc:  # damage the child's walk could not see
@@ -273,7 +172,7 @@ class LmdbBackend:
         self._counters.record_quarantine()
         return True
 
-    def _swap(self, env: lmdb.Environment, dbs: _Dbs) -> None:
+    def _swap(self, env: lmdb.Environment, dbs: Dbs) -> None:
         self._retired.append(self._env)  # readers may still hold transactions on it
         self._env, self._dbs = env, dbs
         self._identity = _file_identity(Path(env.path()))
@@ -307,11 +206,11 @@ class LmdbBackend:
         self._take_hold(fresh)
         return fresh
 
-    def _open(self, path: Path) -> tuple[lmdb.Environment, _Dbs]:
+    def _open(self, path: Path) -> tuple[lmdb.Environment, Dbs]:
         env = _open_env(path, self._config)
         try:
             names = (b"pages", b"lru", b"atime", b"meta")
-            dbs = _Dbs(*(env.open_db(name) for name in names))
+            dbs = Dbs(*(env.open_db(name) for name in names))
             self._init_meta(env, dbs)
         except lmdb.Error as exc:
             env.close()
@@ -322,22 +221,22 @@ class LmdbBackend:
             raise
         return env, dbs
 
-    def _init_meta(self, env: lmdb.Environment, dbs: _Dbs) -> None:
+    def _init_meta(self, env: lmdb.Environment, dbs: Dbs) -> None:
         with env.begin(write=True, db=dbs.meta) as txn:
-            version = txn.get(_META_VERSION)
+            version = txn.get(META_VERSION)
             stored = None
             if version is not None and len(version) != 8:
                 raise StoreDamagedError(f"the meta table's format version is damaged: {version!r}")
             if version is not None:
                 stored = StoreMeta(
-                    _from_u64(version),
-                    stored_fingerprint(txn.get(_META_FINGERPRINT), "the meta table"),
+                    from_u64(version),
+                    stored_fingerprint(txn.get(META_FINGERPRINT), "the meta table"),
                 )
             meta = reconcile_meta(stored, self._config)
-            txn.put(_META_VERSION, _u64(meta.format_version))
-            txn.put(_META_FINGERPRINT, meta.fingerprint.encode())
-            if txn.get(_META_BYTES_USED) is None:
-                txn.put(_META_BYTES_USED, _u64(0))
+            txn.put(META_VERSION, u64(meta.format_version))
+            txn.put(META_FINGERPRINT, meta.fingerprint.encode())
+            if txn.get(META_BYTES_USED) is None:
+                txn.put(META_BYTES_USED, u64(0))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -455,7 +354,7 @@ class LmdbBackend:
         dropped = 0
         try:
             with self._write_lock, self._env.begin(write=True, buffers=True) as txn:
-                writer = _Writer(txn, self._dbs)
+                writer = TxnWriter(txn, self._dbs)
                 for key in keys:
                     blob = txn.get(key, db=self._dbs.pages)
                     if blob is not None and validate(blob, key, None).corrupt:
@@ -486,7 +385,7 @@ class LmdbBackend:
             return
         try:
             with self._env.begin(write=True, buffers=True) as txn:
-                writer = _Writer(txn, self._dbs)
+                writer = TxnWriter(txn, self._dbs)
                 for key in keys:
                     writer.touch(key)
                 writer.finish()
@@ -519,91 +418,11 @@ class LmdbBackend:
             if not self._reopen_if_replaced():
                 self._counters.record_put(0, len(keys), 0)
                 return [False] * len(keys)
-            outcome = self._write_with_retry(self._touches.take(), keys, views, sums)
+            touched = self._touches.take()
+            outcome = write_pages(self._env, self._dbs, self._config, touched, keys, views, sums)
+            self._counters.note_removed(outcome.removed)
         self._counters.record_put(outcome.puts, outcome.failures, outcome.evictions)
         return outcome.results
-
-    def _write_with_retry(
-        self,
-        touched: list[bytes],
-        keys: Sequence[bytes],
-        views: list[memoryview],
-        sums: Sequence[int | None],
-    ) -> _PutOutcome:
-        """Write the batch; when the map is full, commit the prefix that fit and fail the rest."""
-        limit = len(keys)
-        while True:
-            try:
-                done = self._write_batch(touched, keys[:limit], views[:limit], sums[:limit])
-                break
-            except _MapFull as full:
-                # Always shrink, so a store too full even for bookkeeping still terminates.
-                limit = full.index if full.index < limit else limit - 1
-                logger.warning(
-                    "LMDB store %s is full; %d pages not stored",
-                    self._config.store_dir(),
-                    len(keys) - max(limit, 0),
-                )
-                if limit < 0:
-                    done = _PutOutcome([], 0, 0, 0)
-                    limit = 0
-                    break
-            except lmdb.Error as exc:
-                _raise_if_damage(exc, self._config.path)
-                logger.exception("LMDB write of %d pages failed", limit)
-                done = _PutOutcome([], 0, 0, 0)
-                limit = 0
-                break
-        unstored = len(keys) - limit
-        return done._replace(
-            results=done.results + [False] * unstored, failures=done.failures + unstored
-        )
-
-    def _write_batch(
-        self,
-        touched: list[bytes],
-        keys: Sequence[bytes],
-        views: list[memoryview],
-        sums: Sequence[int | None],
-    ) -> _PutOutcome:
-        """One write transaction: queued touches, then the pages; raises _MapFull(index)."""
-        done: list[_PutResult] = []
-        with self._env.begin(write=True, buffers=True) as txn:
-            writer = _Writer(txn, self._dbs)
-            for key in touched:
-                writer.touch(key)
-            for i, (key, view, checksum) in enumerate(zip(keys, views, sums, strict=True)):
-                try:
-                    done.append(self._put_one(writer, key, view, checksum))
-                except lmdb.MapFullError as exc:
-                    raise _MapFull(i) from exc
-            try:
-                writer.finish()
-            except lmdb.MapFullError as exc:
-                raise _MapFull(len(keys)) from exc
-        self._counters.note_removed(writer.removed)
-        return _PutOutcome(
-            results=[result is not _PutResult.REJECTED for result in done],
-            puts=done.count(_PutResult.STORED),
-            failures=done.count(_PutResult.REJECTED),
-            evictions=writer.evictions,
-        )
-
-    def _put_one(
-        self, writer: _Writer, key: bytes, view: memoryview, checksum: int | None
-    ) -> _PutResult:
-        if writer.has(key):
-            writer.touch(key)
-            return _PutResult.PRESENT
-        size = HEADER_BYTES + len(view)
-        if len(view) > self._config.max_page_bytes or size > self._config.max_bytes:
-            return _PutResult.REJECTED
-        writer.evict_until(self._config.max_bytes - size)
-        if checksum is None:
-            writer.insert(key, encode_page(key, view))
-        else:  # a record the caller verified: its checksum, the store's key
-            writer.insert(key, b"".join((header_for(key, len(view), checksum), view)))
-        return _PutResult.STORED
 
     def delete(self, keys: Sequence[bytes]) -> int:
         try:
@@ -622,7 +441,7 @@ class LmdbBackend:
                 if not self._reopen_if_replaced():
                     raise StorageWriteError(f"the LMDB store {self._config.path} is gone")
                 with self._env.begin(write=True, buffers=True) as txn:
-                    writer = _Writer(txn, self._dbs)
+                    writer = TxnWriter(txn, self._dbs)
                     removed = sum(writer.remove(key) for key in keys)
                     writer.finish()
         except lmdb.Error as exc:
@@ -639,8 +458,8 @@ class LmdbBackend:
         self._check_open()
         with self._reading() as txn:
             entries = txn.stat(self._dbs.pages)["entries"]
-            used = txn.get(_META_BYTES_USED, db=self._dbs.meta)
-            bytes_used = _from_u64(used) if used is not None else 0
+            used = txn.get(META_BYTES_USED, db=self._dbs.meta)
+            bytes_used = from_u64(used) if used is not None else 0
         return self._counters.snapshot(entries, bytes_used, self._config.max_bytes)
 
     def close(self) -> None:

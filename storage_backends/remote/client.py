@@ -7,6 +7,10 @@ first request left unanswered (or a socket error) opens the breaker, as do
 calls fail fast until a probe gets through again (``storage_backends.breaker``): every
 ``storage.breaker_cooldown_s`` one caller first sends a PING, and its answer
 closes the breaker, so hits come back within one cool-down of the daemon.
+
+The link (channels, breaker, counters) is ``link.DaemonLink``; this module turns
+batches of pages into requests, through frames or a shared-memory lease, and
+replies into verified hits.
 """
 
 from __future__ import annotations
@@ -16,21 +20,21 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple, TypeVar
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import zmq
 
 from storage_backends.base import StorageStats
 from storage_backends.batch import check_batch, check_keys
-from storage_backends.breaker import Admission, BreakerState, CircuitBreaker
+from storage_backends.breaker import BreakerState
 from storage_backends.config import StorageConfig
 from storage_backends.counters import StatCounters
 from storage_backends.errors import StorageClosedError, StorageOpenError
 from storage_backends.page_format import HEADER_BYTES, Verdict
 from storage_backends.record_arena import RecordArena
-from storage_backends.remote.channel import Channel, CurveKeys, OnReply, Prepare
+from storage_backends.remote.channel import Channel, CurveKeys
+from storage_backends.remote.link import DaemonLink, RemoteLinkStats
 from storage_backends.remote.protocol import (
     ContainsReply,
     DeleteReply,
@@ -66,31 +70,6 @@ REQUEST_BYTES = 1 << 20
 # The put area a shared-memory lease asks for (the daemon grants up to a quarter of its
 # slab): the records of a put go through it in rounds of this many bytes.
 SHM_PUT_BYTES = 64 << 20
-# Room for a reply header (a GET's found list, a STATS map) beyond a page record.
-REPLY_HEADER_BYTES = 1 << 20
-# Replies the daemon sends when it, not the request, is the problem.
-_PEER_FAILURES = frozenset({ErrorCode.BUSY, ErrorCode.INTERNAL})
-_R = TypeVar("_R", bound=Reply)
-
-
-@dataclass(frozen=True)
-class RemoteLinkStats:
-    """Counters of the link to the daemon since this backend was created.
-
-    ``timeouts``: requests unanswered within ``timeout_s``; ``fast_fails``:
-    calls refused by the open breaker; ``error_replies``: error codes the
-    daemon answered with; ``bad_replies``: replies that broke the protocol;
-    ``reconnects``: sockets replaced after a timeout or bad reply.
-    """
-
-    requests: int
-    timeouts: int
-    fast_fails: int
-    error_replies: int
-    bad_replies: int
-    reconnects: int
-    breaker_opens: int
-    breaker_state: str
 
 
 # The daemon's STATS names for entries, bytes_used, capacity_bytes and the pages it found
@@ -176,22 +155,10 @@ class RemoteBackend:
         if config.backend != "remote":
             raise ValueError(f"RemoteBackend needs storage.backend = 'remote', got {config}")
         self._config = config
-        self._curve = load_curve_keys(config)
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._local = threading.local()
-        self._channels: dict[threading.Thread, Channel] = {}
-        self._lock = threading.Lock()
-        # No growing back-off: a probe is one PING, so probing on every cool-down is cheap.
-        self._breaker = CircuitBreaker(
-            config.breaker_failures, config.breaker_cooldown_s, config.breaker_cooldown_s
-        )
-        self._hinted = False  # the first timeout logs what it may mean, once
+        self._link = DaemonLink(config, load_curve_keys(config))
+        self._local = threading.local()  # each thread's record arena
         self._counters = StatCounters()
-        self._link = dict.fromkeys(
-            ("requests", "timeouts", "fast_fails", "error_replies", "bad_replies", "reconnects"), 0
-        )  # "reconnects": of channels already closed; live ones count their own
         self._size = _Size(0, 0, 0, 0)  # as the daemon last reported it
-        self._closed = False
         self._shm_off = not config.shm  # also once the daemon turned shared memory down
 
     # --- StorageBackend ---------------------------------------------------------------
@@ -202,7 +169,9 @@ class RemoteBackend:
         parts = chunks([0] * len(keys))
         requests = [Request(Op.EXISTS, 0, tuple(keys[c.start : c.stop])) for c in parts]
         count = 0
-        for part, reply in zip(parts, self._call(Op.EXISTS, requests, ExistsReply), strict=True):
+        for part, reply in zip(
+            parts, self._link.call(Op.EXISTS, requests, ExistsReply), strict=True
+        ):
             if reply is None:
                 break
             count += min(reply.count, part.stop - part.start)
@@ -217,7 +186,7 @@ class RemoteBackend:
         requests = [Request(Op.CONTAINS, 0, tuple(keys[c.start : c.stop])) for c in parts]
         present = [False] * len(keys)
         for part, reply in zip(
-            parts, self._call(Op.CONTAINS, requests, ContainsReply), strict=True
+            parts, self._link.call(Op.CONTAINS, requests, ContainsReply), strict=True
         ):
             if reply is not None and len(reply.present) == part.stop - part.start:
                 present[part.start : part.stop] = reply.present
@@ -251,7 +220,7 @@ class RemoteBackend:
             elif isinstance(reply, GetReply):
                 corrupt.extend(self._fill(parts[position], reply, keys, views, hits))
 
-        self._call(Op.GET, requests, GetReply, fill)
+        self._link.call(Op.GET, requests, GetReply, fill)
         self._settle(answers, len(requests))
         self._counters.record_get(sum(hits), len(keys) - sum(hits), len(corrupt))
         if corrupt:
@@ -269,7 +238,7 @@ class RemoteBackend:
     ) -> list[bytes]:
         """Verify and copy one reply's pages; return the keys of damaged ones."""
         if len(reply.found) != part.stop - part.start:
-            self._count("bad_replies")
+            self._link.count("bad_replies")
             return []
         corrupt: list[bytes] = []
         records = iter(reply.pages)
@@ -294,10 +263,10 @@ class RemoteBackend:
         that fails its check there is a miss: the daemon checked it, so the slot was
         reused, not the page damaged), then free the slots; False if the free could not
         be sent."""
-        channel = self._channel()
+        channel = self._link.channel()
         lease = channel.lease
         if lease is None or len(reply.found) != part.stop - part.start:
-            self._count("bad_replies")
+            self._link.count("bad_replies")
         else:
             spans = iter(reply.spans)
             for i, found in zip(range(part.start, part.stop), reply.found, strict=True):
@@ -311,15 +280,15 @@ class RemoteBackend:
         """This thread's lease on the daemon's slab, attached (or renewed) when it may have
         expired; None: pages go as frames (``storage.shm`` off, the daemon has no shared
         memory or did not answer)."""
-        if self._shm_off or self._breaker.state is not BreakerState.CLOSED:
+        if self._shm_off or self._link.breaker_state is not BreakerState.CLOSED:
             return None  # (an open breaker: the call itself fails fast or probes)
-        channel = self._channel()
+        channel = self._link.channel()
         lease, now = channel.lease, time.monotonic()
         if lease is not None and lease.fresh(now):
             return lease
         answers = _Answers(None)
         ask = Request(Op.SHM_ATTACH, 0, lease=lease.id if lease else 0, put_bytes=SHM_PUT_BYTES)
-        (grant,) = self._call(Op.SHM_ATTACH, [ask], ShmAttachReply, answers.note)
+        (grant,) = self._link.call(Op.SHM_ATTACH, [ask], ShmAttachReply, answers.note)
         channel.lease = None
         if grant is None:
             if answers.refused:
@@ -338,7 +307,7 @@ class RemoteBackend:
         except (OSError, ValueError) as e:  # not the daemon's host, or its slab is gone
             logger.warning("cannot map the daemon's shared memory (%s): pages go as frames", e)
             self._shm_off = True
-            self._detach(self._channel(), grant.lease)
+            self._detach(self._link.channel(), grant.lease)
             return None
 
     @staticmethod
@@ -357,7 +326,7 @@ class RemoteBackend:
         if answers.seen == sent and not answers.lost:
             lease.renewed(answers.started)
             return
-        channel = self._channel()
+        channel = self._link.channel()
         channel.lease = None
         self._detach(channel, lease.id)
 
@@ -438,7 +407,7 @@ class RemoteBackend:
                 for i, stored in zip(part, reply.stored, strict=True):
                     results[i] = stored
             elif reply is not None:
-                self._count("bad_replies")
+                self._link.count("bad_replies")
 
     def delete(self, keys: Sequence[bytes]) -> int:
         self._check_open()
@@ -452,7 +421,9 @@ class RemoteBackend:
         parts = chunks([0] * len(keys))
         requests = [Request(Op.DELETE, 0, tuple(keys[c.start : c.stop])) for c in parts]
         deleted = 0
-        for part, reply in zip(parts, self._call(Op.DELETE, requests, DeleteReply), strict=True):
+        for part, reply in zip(
+            parts, self._link.call(Op.DELETE, requests, DeleteReply), strict=True
+        ):
             if reply is not None and reply.deleted:
                 deleted += reply.deleted
                 # Which keys were present is not reported: announce them all (a removal
@@ -465,7 +436,7 @@ class RemoteBackend:
 
     def stats(self) -> StorageStats:
         self._check_open()
-        (reply,) = self._call(Op.STATS, [Request(Op.STATS, 0)], StatsReply)
+        (reply,) = self._link.call(Op.STATS, [Request(Op.STATS, 0)], StatsReply)
         if reply is not None:
             self._size = _Size(*(int(reply.stats.get(name, 0)) for name in DAEMON_SIZE_STATS))
         failed = self.failed_calls()
@@ -480,14 +451,7 @@ class RemoteBackend:
 
     def link_stats(self) -> RemoteLinkStats:
         """Counters of the connection to the daemon (thread-safe, no I/O)."""
-        with self._lock:
-            link = dict(self._link)
-            link["reconnects"] += sum(c.reconnects for c in self._channels.values())
-        return RemoteLinkStats(
-            **link,
-            breaker_opens=self._breaker.times_opened,
-            breaker_state=self._breaker.state.value,
-        )
+        return self._link.stats()
 
     def failed_calls(self) -> int:
         """Requests that got no usable answer: timed out, refused by the open breaker,
@@ -498,43 +462,21 @@ class RemoteBackend:
     def ping(self) -> str | None:
         """The daemon's version string, or None if it did not answer in time."""
         self._check_open()
-        (reply,) = self._call(Op.PING, [Request(Op.PING, 0)], PingReply)
+        (reply,) = self._link.call(Op.PING, [Request(Op.PING, 0)], PingReply)
         return reply.server if reply is not None else None
 
     def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            for channel in self._channels.values():
-                if channel.lease is not None:  # its slots come back now, not on expiry
-                    self._detach(channel, channel.lease.id)
-                channel.close()
-            self._channels.clear()
-        self._ctx.term()
-
-    # --- the link ---------------------------------------------------------------------
+        self._link.close(self._give_lease_back)
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self._link.closed:
             raise StorageClosedError("RemoteBackend is closed")
 
-    def _count(self, name: str, amount: int = 1) -> None:
-        with self._lock:
-            self._link[name] += amount
+    def _give_lease_back(self, channel: Channel) -> None:
+        if channel.lease is not None:  # its slots come back now, not on expiry
+            self._detach(channel, channel.lease.id)
 
-    def _channel(self) -> Channel:
-        channel: Channel | None = getattr(self._local, "channel", None)
-        if channel is None:
-            with self._lock:
-                self._check_open()
-                self._prune_channels()
-                channel = Channel(
-                    self._ctx, self._config.endpoint, self._curve, self._max_frame_bytes()
-                )
-                self._channels[threading.current_thread()] = channel
-            self._local.channel = channel
-        return channel
+    # --- a put's record arena ---------------------------------------------------------
 
     def _arena(self) -> RecordArena:
         arena: RecordArena | None = getattr(self._local, "arena", None)
@@ -548,128 +490,10 @@ class RemoteBackend:
         """The PUT exchange; the arena is dropped unless every request was answered (see
         ``record_arena``: only then has ZeroMQ surely finished sending from it)."""
         try:
-            replies = self._call(Op.PUT, requests, PutReply, framer.on_reply, framer.prepare)
+            replies = self._link.call(Op.PUT, requests, PutReply, framer.on_reply, framer.prepare)
         except BaseException:
             arena.discard()
             raise
         if any(reply is None for reply in replies):
             arena.discard()
         return replies
-
-    def _max_frame_bytes(self) -> int:
-        """The largest frame a valid reply can carry: one page record, or a header."""
-        return self._config.max_page_bytes + HEADER_BYTES + REPLY_HEADER_BYTES
-
-    def _drop_channel(self) -> None:
-        channel: Channel | None = getattr(self._local, "channel", None)
-        self._local.channel = None
-        if channel is None:
-            return
-        with self._lock:
-            self._channels.pop(threading.current_thread(), None)
-            self._link["reconnects"] += channel.reconnects + 1
-        with contextlib.suppress(zmq.ZMQError):
-            channel.close()
-
-    def _prune_channels(self) -> None:
-        """Close the sockets of threads that have exited (caller holds the lock)."""
-        for thread in [t for t in self._channels if not t.is_alive()]:
-            channel = self._channels.pop(thread)
-            self._link["reconnects"] += channel.reconnects
-            channel.close()
-
-    def _call(
-        self,
-        op: Op,
-        requests: list[Request],
-        kind: type[_R],
-        on_reply: OnReply | None = None,
-        prepare: Prepare | None = None,
-    ) -> list[_R | None]:
-        """Run ``requests`` through this thread's channel under the breaker.
-
-        Returns one typed reply per request, None where the request failed
-        (no answer in time, an error reply, a reply of the wrong shape);
-        ``on_reply`` sees each reply as it arrives, ``prepare`` builds each request
-        as it is sent (``Channel.exchange``).
-        """
-        if not requests:
-            return []
-        admission = self._breaker.admit()
-        if admission is Admission.PROBE and op is not Op.PING and not self._probe():
-            admission = Admission.REFUSE
-        if admission is Admission.REFUSE:
-            self._count("fast_fails", len(requests))
-            return [None] * len(requests)
-        return self._exchange(op, requests, kind, on_reply, prepare)
-
-    def _exchange(
-        self,
-        op: Op,
-        requests: list[Request],
-        kind: type[_R],
-        on_reply: OnReply | None = None,
-        prepare: Prepare | None = None,
-    ) -> list[_R | None]:
-        """``_call`` once admitted: the exchange, its counters and the breaker's record."""
-        self._count("requests", len(requests))
-        # Until shown otherwise the peer is down: an exception, a timeout or a socket
-        # error opens the breaker at once, so one call, not several, waits on a dead daemon.
-        record: Callable[[], None] = self._breaker.record_down
-        try:
-            channel = self._channel()
-            outcome = channel.exchange(op, requests, self._config.timeout_s, on_reply, prepare)
-            self._count("timeouts", outcome.timed_out)
-            if outcome.timed_out:
-                self._hint_once()
-            self._count("bad_replies", outcome.bad)
-            typed = [self._typed(reply, kind) for reply in outcome.replies]
-            if outcome.timed_out == 0:
-                busy = any(
-                    isinstance(r, ErrorReply) and r.code in _PEER_FAILURES for r in outcome.replies
-                )  # the daemon answered: only a run of such replies opens the breaker
-                record = self._breaker.record_failure if busy else self._breaker.record_success
-            return typed
-        except zmq.ZMQError as e:
-            logger.warning("daemon link %s failed: %s", self._config.endpoint, e)
-            self._drop_channel()  # the next call starts on a new socket
-            return [None] * len(requests)
-        finally:
-            record()
-
-    def _probe(self) -> bool:
-        """The breaker's probe: one PING; its answer closes the breaker, else it reopens."""
-        (reply,) = self._exchange(Op.PING, [Request(Op.PING, 0)], PingReply)
-        return reply is not None
-
-    def _hint_once(self) -> None:
-        with self._lock:
-            hinted, self._hinted = self._hinted, True
-        if hinted:
-            return
-        if self._curve is None:
-            hint = (
-                "if the daemon runs with auth.curve, set storage.curve_server_key and "
-                "storage.curve_client_key (a client without them gets no reply at all)"
-            )
-        else:
-            hint = (
-                "check that storage.curve_server_key is the daemon's public key and that "
-                "the daemon lists this client's public key in auth.tenants"
-            )
-        logger.warning(
-            "no reply from the daemon at %s within %.1f s; %s",
-            self._config.endpoint,
-            self._config.timeout_s,
-            hint,
-        )
-
-    def _typed(self, reply: Reply | None, kind: type[_R]) -> _R | None:
-        if reply is None or isinstance(reply, kind):
-            return reply
-        if isinstance(reply, ErrorReply):
-            self._count("error_replies")
-            logger.warning("daemon answered %s: %s", reply.code, reply.message)
-        else:
-            self._count("bad_replies")
-        return None

@@ -15,7 +15,7 @@ import lmdb
 from storage_backends.disk import scan as disk_scan
 from storage_backends.errors import StorageOpenError
 from storage_backends.file import backend as file_backend
-from storage_backends.lmdb import backend as lmdb_backend
+from storage_backends.lmdb import writes as lmdb_writes
 from storage_backends.page_format import HEADER_BYTES, Verdict, parse_header, validate
 
 _LMDB_DATA = "data.mdb"
@@ -111,8 +111,8 @@ def _lmdb_meta(path: Path) -> tuple[int, str]:
     env = _open_lmdb(path)
     try:
         with env.begin(db=env.open_db(b"meta", create=False)) as txn:
-            version = txn.get(lmdb_backend._META_VERSION)
-            fingerprint = txn.get(lmdb_backend._META_FINGERPRINT, b"")
+            version = txn.get(lmdb_writes.META_VERSION)
+            fingerprint = txn.get(lmdb_writes.META_FINGERPRINT, b"")
     except lmdb.Error as exc:
         raise StorageOpenError(f"{path}: no hicache metadata in this LMDB store: {exc}") from exc
     finally:

@@ -75,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         choices=(1, 2),
         default=1,
-        help="2: add two rows, two engine processes with their own LMDB, then sharing a daemon",
+        help="2: add two rows, two engine processes with their own disk store each, then "
+        "sharing a daemon",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="report folder")
     parser.add_argument(

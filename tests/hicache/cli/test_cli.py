@@ -280,16 +280,3 @@ def test_help_version_and_serve_import_no_torch() -> None:
     for code in (help_, version, serve):
         modules = _modules_after(code)
         assert "torch" not in modules, code
-
-
-def test_readme_names_what_each_command_reads_and_every_shipped_config() -> None:
-    from hicache.config.shipped import CACHE, DAEMON
-
-    text = " ".join((REPO / "README.md").read_text().split())
-    claim = text[text.index("Every command takes `-v`") :]
-    claim = claim[: claim.index("The reference engine")]
-    cache, daemon = shipped_configs(CACHE), shipped_configs(DAEMON)
-    assert sorted(cache + daemon) == shipped_configs()
-    assert "(shipped: " + ", ".join(f"`{n}`" for n in cache) + "; default `default`)" in claim
-    assert "(shipped: " + ", ".join(f"`{n}`" for n in daemon) + ")" in claim
-    assert "`keygen`, `store verify` and `store migrate` read no config" in claim

@@ -21,6 +21,7 @@ from hicache.bench.common.processes import DAEMON_BANNER, ServerProcess
 from hicache.config.daemon import STORE_BACKENDS, DaemonConfig
 from hicache.daemon.record_store import OPENERS
 from hicache.daemon.server import DaemonServer
+from hicache.daemon.shm_plane import ShmPlane
 from storage_backends import StorageConfig
 from storage_backends.page_format import encode_page
 from storage_backends.remote.protocol import (
@@ -33,6 +34,7 @@ from storage_backends.remote.protocol import (
     decode_reply,
     encode_request,
 )
+from tests.hicache.daemon.shm_fake import EXPIRES_S, SIZE, Clock
 from tests.polling import wait_until
 
 _START_TIMEOUT_S = 30.0
@@ -299,3 +301,16 @@ def clients(daemon: InProcess) -> Iterator[Callable[[], Client]]:
     yield make
     for client in made:
         client.close()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def plane(tmp_path: Path, clock: Clock) -> Iterator[ShmPlane]:
+    """A plane of ``SIZE`` bytes whose leases expire after ``EXPIRES_S`` of the fake clock."""
+    made = ShmPlane(str(tmp_path / "slab"), SIZE, EXPIRES_S, clock)
+    yield made
+    made.close()

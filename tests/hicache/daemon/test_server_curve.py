@@ -85,7 +85,7 @@ def test_a_client_without_keys_is_told_about_curve(curve_daemon, caplog, capsys)
     config = StorageConfig(backend="remote", endpoint=daemon.endpoint, timeout_s=NO_REPLY_WAIT_S)
     backend = create("remote", config)
     try:
-        with caplog.at_level(logging.WARNING, logger="storage_backends.remote.client"):
+        with caplog.at_level(logging.WARNING, logger="storage_backends.remote.link"):
             assert backend.exists([b"k" * 32]) == 0
             assert backend.exists([b"k" * 32]) == 0
     finally:

@@ -13,7 +13,6 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,29 +26,7 @@ from hicache.daemon.shm_plane import ShmPlane, remove_stale, slab_path
 from storage_backends.page_format import HEADER_BYTES, encode_page
 from storage_backends.remote.protocol import ErrorCode, ProtocolError, ShmAttachReply, Span
 from storage_backends.remote.shm_lease import ClientLease
-
-SIZE = 64 * GRAIN
-EXPIRES_S = 3.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def plane(tmp_path: Path, clock: Clock) -> Iterator[ShmPlane]:
-    made = ShmPlane(str(tmp_path / "slab"), SIZE, EXPIRES_S, clock)
-    yield made
-    made.close()
+from tests.hicache.daemon.shm_fake import EXPIRES_S, SIZE, Clock
 
 
 def record(i: int, size: int = 1000) -> tuple[bytes, bytes]:

@@ -12,43 +12,20 @@ chosen point, and a clock the test moves expires the lease.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 import pytest
 
-from hicache.daemon.shm_extents import GRAIN
 from hicache.daemon.shm_plane import ShmPlane
 from storage_backends.page_format import HEADER_BYTES, encode_page
 from storage_backends.remote import shm_lease
 from storage_backends.remote.protocol import ShmAttachReply, Span
 from storage_backends.remote.shm_lease import ClientLease
+from tests.hicache.daemon.shm_fake import EXPIRES_S, Clock
 
-SIZE = 64 * GRAIN
-EXPIRES_S = 3.0
 PAYLOAD = 3000
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def plane(tmp_path: Path, clock: Clock) -> Iterator[ShmPlane]:
-    made = ShmPlane(str(tmp_path / "slab"), SIZE, EXPIRES_S, clock)
-    yield made
-    made.close()
 
 
 def client(plane: ShmPlane) -> tuple[int, ClientLease]:
