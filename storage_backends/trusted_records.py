@@ -31,6 +31,16 @@ from storage_backends.page_format import (
 KEY_OFFSET = 8
 
 
+class RecordsPut(NamedTuple):
+    """What a ``store_records`` call did, per key: ``stored``, whether the store holds a
+    page of it now (``put_records``' answer), and ``written``, whether that page is the
+    record this call gave (False for a key held before, whose first page is kept, and
+    for a failure)."""
+
+    stored: list[bool]
+    written: list[bool]
+
+
 class TrustedRecord(NamedTuple):
     """A record taken apart: its payload (a view, no copy) and its header's checksum."""
 

@@ -20,6 +20,7 @@ from storage_backends.config import StorageConfig
 from storage_backends.disk import DiskBackend
 from storage_backends.lmdb.backend import LmdbBackend
 from storage_backends.store_kind import as_found
+from storage_backends.trusted_records import RecordsPut
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,12 @@ class RecordStore(Protocol):
         nothing, for a record that is not a whole record."""
         ...
 
+    def store_records(self, keys: Sequence[bytes], records: Sequence[memoryview]) -> RecordsPut:
+        """``put_records``, also telling per key whether the page stored now is this
+        call's record (``written``; never True for a key held before, whose first page is
+        kept). A store that cannot tell reports no key written."""
+        ...
+
     def delete(self, keys: Sequence[bytes]) -> int:
         """Remove keys; how many were present (a failed delete may report 0)."""
         ...
@@ -74,10 +81,19 @@ class RecordStore(Protocol):
         ...
 
 
+class LmdbRecords(LmdbBackend):
+    """An LMDB store as a ``RecordStore``: its puts do not say which keys they wrote, so
+    ``store_records`` reports none (the daemon caches an LMDB store's pages on their
+    second read only)."""
+
+    def store_records(self, keys: Sequence[bytes], records: Sequence[memoryview]) -> RecordsPut:
+        return RecordsPut(self.put_records(keys, records), [False] * len(keys))
+
+
 Opener = Callable[[StorageConfig], RecordStore]
 
 # The kinds of store the daemon can run on; ``StoreConfig.backend`` names one.
-OPENERS: Mapping[str, Opener] = MappingProxyType({"lmdb": LmdbBackend, "disk": DiskBackend})
+OPENERS: Mapping[str, Opener] = MappingProxyType({"lmdb": LmdbRecords, "disk": DiskBackend})
 
 
 def open_record_store(config: StorageConfig) -> RecordStore:

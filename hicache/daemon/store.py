@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from hicache.config.daemon import StoreConfig
+from hicache.daemon.admission import keepable
 from hicache.daemon.memory_lru import ByteLRU
 from hicache.daemon.record_framing import for_client, stored_size
 from hicache.daemon.record_store import RecordStore
@@ -286,7 +287,11 @@ class DaemonStore:
         return where
 
     def put(
-        self, keys: Sequence[bytes], records: Sequence[Frame], tenant: str | None = None
+        self,
+        keys: Sequence[bytes],
+        records: Sequence[Frame],
+        tenant: str | None = None,
+        client_keys: Sequence[bytes] = (),
     ) -> list[bool]:
         """Commit records into the tenant's store (one store transaction); per-key success.
         A key already held (in that store, or in the shared store a tenant with a quota
@@ -296,22 +301,30 @@ class DaemonStore:
         ``keys[i]`` scopes (the writer checks): the store keeps it with the scoped key in
         its header and its checksum as the client computed it, not hashed here (the
         store's reads check it), and a GET frames it for the client key it is asked for.
-        The memory tier is not written: it holds only records a store read verified
-        (read-through), so nothing unverified is ever served from it, and a PUT costs no
-        more memory than its frames while they are written. ValueError, storing nothing,
-        for a record that is not a whole page record."""
+        With ``client_keys`` (the PUT's own keys, one per record), each record this call
+        stored joins the memory tier's new pages once verified there (key, length,
+        checksum: ``admission.keepable``), as the frame it came in (no copy), so a GET
+        that follows is answered from memory; a record that fails, or whose memory is not
+        the daemon's alone (a shared-memory put area), is not kept, and the tier drops any
+        older page of its key. ValueError, storing nothing, for a record that is not a
+        whole page record."""
         views = [memoryview(record) for record in records]
         target, *older = self._stores(tenant)
         new = list(range(len(keys)))
         for slot in older:  # the shared store, behind a tenant's own: its pages stay there
             held = _contains_in(slot, [keys[i] for i in new])
             new = [i for i, hit in zip(new, held, strict=True) if not hit]
-        stored = target.run_write(
-            lambda store: store.put_records([keys[i] for i in new], [views[i] for i in new])
+        put = target.run_write(
+            lambda store: store.store_records([keys[i] for i in new], [views[i] for i in new])
         )
         results = [True] * len(keys)
-        for i, ok in zip(new, stored, strict=True):
+        for i, ok in zip(new, put.stored, strict=True):
             results[i] = ok
+        written = [i for i, fresh in zip(new, put.written, strict=True) if fresh]
+        for i in written:  # the store holds this record now: memory must not hold another
+            kept = keepable(records[i], client_keys[i]) if client_keys else None
+            if kept is None or not self._memory.put(keys[i], kept, new=True):
+                self._memory.pop(keys[i])
         return results
 
     def delete(self, keys: Sequence[bytes], tenant: str | None = None) -> int:

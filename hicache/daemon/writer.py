@@ -149,7 +149,8 @@ class Writer:
                 return [WriteDone(job, deleted=self._store.delete(job.keys, job.tenant))]
             keys = [key for job in jobs for key in job.keys]
             records = [record for job in jobs for record in job.records]
-            stored = self._store.put(keys, records, jobs[0].tenant)
+            client_keys = [key for job in jobs for key in job.client_keys]
+            stored = self._store.put(keys, records, jobs[0].tenant, client_keys)
             self._commits += 1
             self._committed_requests += len(jobs)
         except Exception as exc:  # the thread must outlive any failure; the jobs get INTERNAL

@@ -31,7 +31,7 @@ from storage_backends.lmdb.check import check_store
 from storage_backends.log_limit import LogLimiter
 from storage_backends.recency import PendingTouches
 from storage_backends.store_dir import prepare_store_dir, quarantine_store
-from storage_backends.trusted_records import trusted_records
+from storage_backends.trusted_records import RecordsPut, trusted_records
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class DiskBackend:
             return []
         with self._write_lock:
             self._check_open()
-            return self._writes.put_locked(keys, views)
+            return self._writes.put_locked(keys, views).stored
 
     def put_records(self, keys: Sequence[bytes], records: Sequence[memoryview]) -> list[bool]:
         """``put`` of whole records as the caller framed them (header + payload, as
@@ -193,10 +193,15 @@ class DiskBackend:
         checksum, not hashed (reads check it); the header's key becomes the store
         key. ValueError (nothing stored) for a record that is not a whole record; as
         ``put`` otherwise."""
+        return self.store_records(keys, records).stored
+
+    def store_records(self, keys: Sequence[bytes], records: Sequence[memoryview]) -> RecordsPut:
+        """``put_records``, also telling which keys now hold this call's record (not one
+        stored before, whose first page is kept)."""
         self._check_open()
         trusted = trusted_records(keys, records)
         if not trusted:
-            return []
+            return RecordsPut([], [])
         payloads = [record.payload for record in trusted]
         checksums = [record.checksum for record in trusted]
         with self._write_lock:

@@ -31,6 +31,7 @@ from storage_backends.disk.parts import DiskParts
 from storage_backends.disk.room import record_key
 from storage_backends.disk.runs import gap, spans
 from storage_backends.page_format import HEADER_BYTES, build_header, header_for
+from storage_backends.trusted_records import RecordsPut
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +75,16 @@ class _Span(NamedTuple):
         return SlotRun(self.segment, self.offset, len(self.pages))
 
 
+class _Marks(NamedTuple):
+    """Per position of a batch: stored (now held), and fresh (held as this batch's page)."""
+
+    results: list[bool]
+    fresh: list[bool]
+
+
 class _Outcome(NamedTuple):
     results: list[bool]
+    written: list[bool]  # per position: indexed by this batch (not held before, not failed)
     stored: int  # pages newly indexed
     evictions: int
     removed: list[bytes]  # keys evicted, or given up as if stored and evicted
@@ -104,10 +113,11 @@ class DiskWrites:
         keys: Sequence[bytes],
         views: list[memoryview],
         checksums: Sequence[int | None] | None = None,
-    ) -> list[bool]:
+    ) -> RecordsPut:
         """Store a checked, non-empty batch of payloads; the caller holds ``write_lock``.
         ``checksums``: the payloads' xxh3, when the caller verified them (the records'
-        headers are then built from them, without hashing the payloads again)."""
+        headers are then built from them, without hashing the payloads again). Per key:
+        whether a page of it is stored now, and whether that page is this batch's."""
         sums = checksums if checksums is not None else [None] * len(keys)
         try:
             with self._ctx.index.writing() as writer:
@@ -115,12 +125,12 @@ class DiskWrites:
         except lmdb.Error as exc:
             self._ctx.log.failure("disk store index full or failing; batch not stored", exc)
             self._ctx.counters.record_put(0, len(keys), 0)
-            return [False] * len(keys)
+            return RecordsPut([False] * len(keys), [False] * len(keys))
         if outcome.removed:
             self._ctx.counters.note_removed(outcome.removed)
         failures = outcome.results.count(False)
         self._ctx.counters.record_put(outcome.stored, failures, outcome.evictions)
-        return outcome.results
+        return RecordsPut(outcome.results, outcome.written)
 
     def _fault(self, phase: PutPhase) -> None:
         if self.fault_hook is not None:
@@ -138,6 +148,7 @@ class DiskWrites:
         if len(keys) == 1:
             return self._put_one(writer, keys[0], views[0], sums[0])
         results = [False] * len(keys)
+        fresh = [False] * len(keys)
         new = self._new_pages(writer, keys, views, sums, results)
         kept, given_up = self._fitting(new)
         for page in given_up:
@@ -148,10 +159,10 @@ class DiskWrites:
             self._fault(PutPhase.BEFORE_DATA)
             written = self._write(placed)
             self._fault(PutPhase.AFTER_DATA)
-            stored = self._index_written(writer, placed, written, results)
+            stored = self._index_written(writer, placed, written, _Marks(results, fresh))
             self._fault(PutPhase.IN_COMMIT)
         removed = writer.removed + [page.key for page in given_up] if given_up else writer.removed
-        return _Outcome(results, stored, writer.evictions + len(given_up), removed)
+        return _Outcome(results, fresh, stored, writer.evictions + len(given_up), removed)
 
     def _put_one(
         self, writer: IndexWriter, key: bytes, view: memoryview, checksum: int | None
@@ -160,21 +171,21 @@ class DiskWrites:
         spans: a third of a one-page put's CPU went to them); the same outcomes."""
         if writer.has(key):
             writer.touch(key)
-            return _Outcome([True], 0, writer.evictions, writer.removed)
+            return _Outcome([True], [False], 0, writer.evictions, writer.removed)
         if len(view) > self._max_payload:  # a page within it fits max_bytes alone
-            return _Outcome([False], 0, writer.evictions, writer.removed)
+            return _Outcome([False], [False], 0, writer.evictions, writer.removed)
         cls = slot_class(len(view), self._ctx.config.direct_io)
         runs = writer.reserve(cls, 1, HEADER_BYTES + len(view), self._record_key)
         if not runs:
-            return _Outcome([False], 0, writer.evictions, writer.removed)
+            return _Outcome([False], [False], 0, writer.evictions, writer.removed)
         placed = [_Span(runs[0].segment, runs[0].offset, cls, [_Page(0, key, view, checksum)])]
         self._fault(PutPhase.BEFORE_DATA)
         written = self._write(placed)
         self._fault(PutPhase.AFTER_DATA)
-        results = [False]
-        stored = self._index_written(writer, placed, written, results)
+        marks = _Marks([False], [False])
+        stored = self._index_written(writer, placed, written, marks)
         self._fault(PutPhase.IN_COMMIT)
-        return _Outcome(results, stored, writer.evictions, writer.removed)
+        return _Outcome(marks.results, marks.fresh, stored, writer.evictions, writer.removed)
 
     def _new_pages(
         self,
@@ -304,10 +315,11 @@ class DiskWrites:
         return True
 
     def _index_written(
-        self, writer: IndexWriter, placed: list[_Span], written: list[bool], results: list[bool]
+        self, writer: IndexWriter, placed: list[_Span], written: list[bool], marks: _Marks
     ) -> int:
-        """Index the written spans' pages; the slots of failed spans go back. Return how
-        many pages were indexed."""
+        """Index the written spans' pages (each marked stored, and fresh when its index
+        entry is this batch's); the slots of failed spans go back. Return how many pages
+        were indexed."""
         stored = 0
         for span, ok in zip(placed, written, strict=True):
             run, pages = span.slots, span.pages
@@ -315,8 +327,9 @@ class DiskWrites:
             if ok:
                 keys, lengths = [p.key for p in pages], [len(p.view) for p in pages]
                 fresh = writer.insert_run(run, span.cls, keys, lengths)
-                for page in pages:
-                    results[page.pos] = True
+                for page, new in zip(pages, fresh, strict=True):
+                    marks.results[page.pos] = True
+                    marks.fresh[page.pos] = new
                 stored += sum(fresh)
                 if not all(fresh):  # stored meanwhile: not while this transaction holds
                     # the writer lock

@@ -137,3 +137,36 @@ def test_a_key_already_stored_keeps_its_first_record(store) -> None:
     whole = memoryview(bytearray(len(first)))
     assert store.get_records([key], [whole]) == [True]
     assert bytes(whole) == first
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_disk_store_records_says_which_keys_hold_this_call_s_record(
+    tmp_path: Path, batch: int
+) -> None:
+    config = StorageConfig(
+        backend="disk", path=str(tmp_path / "store"), max_bytes=16 << 20, max_page_bytes=8192
+    )
+    store = DiskBackend(config)
+    try:
+        held = [_key(i, "held") for i in range(batch)]
+        first = [memoryview(_record(key, 1)) for key in held]
+        assert store.store_records(held, first) == ([True] * batch, [True] * batch)
+        # Held keys keep their first page: stored, not written (one page a call too).
+        second = [memoryview(_record(key, 2)) for key in held]
+        assert store.store_records(held, second) == ([True] * batch, [False] * batch)
+        new = [_key(i, "new") for i in range(batch)]
+        big = _key(0, "big")
+        too_big = memoryview(_record(big, 3, size=9000))  # over max_page_bytes: fails
+        mixed = [*held[:1], big, *new]  # a held key, a failure, then new keys
+        records = [second[0], too_big, *(memoryview(_record(k, 4)) for k in new)]
+        put = store.store_records(mixed, records)
+        assert put.stored[:2] == [True, False] and put.written[:2] == [False, False]
+        assert put.written[2:] == put.stored[2:] == [True] * batch  # the new ones
+        dup = _key(0, "dup")  # twice in one batch: the first record is the one kept
+        twice = [memoryview(_record(dup, 5)), memoryview(_record(dup, 6))]
+        assert store.store_records([dup, dup], twice) == ([True, True], [True, False])
+        whole = memoryview(bytearray(len(twice[0])))
+        assert store.get_records([dup], [whole]) == [True]
+        assert bytes(whole[HEADER_BYTES:]) == bytes(twice[0][HEADER_BYTES:])
+    finally:
+        store.close()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 
 from hicache.daemon.reply_pool import POISON, ReplyPool, poison_from
+from storage_backends.page_format import HEADER_BYTES
 
 
 def test_a_buffer_given_back_is_lent_again_for_the_same_size() -> None:
@@ -72,3 +75,18 @@ def test_without_poison_a_buffer_given_back_keeps_its_bytes() -> None:
 def test_the_poison_is_on_when_its_variable_is_set_and_not_0() -> None:
     assert not poison_from({}) and not poison_from({"HICACHE_DAEMON_POISON": "0"})
     assert poison_from({"HICACHE_DAEMON_POISON": "1"})
+
+
+def _address(view: memoryview) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+@pytest.mark.parametrize("size", [HEADER_BYTES, 4096 + HEADER_BYTES, (2 << 20) + HEADER_BYTES, 7])
+def test_a_record_s_payload_starts_on_a_64_byte_boundary_new_or_reused(size: int) -> None:
+    pool = ReplyPool(keep_bytes=8 << 20)
+    views = [pool.take(size) for _ in range(3)]
+    for view in views:
+        assert len(view) == size and (_address(view) + HEADER_BYTES) % 64 == 0
+    pool.give_back_all(views)
+    again = pool.take(size)
+    assert again.obj is views[-1].obj and (_address(again) + HEADER_BYTES) % 64 == 0

@@ -45,10 +45,11 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gated]:
         keys: Sequence[bytes],
         records: Sequence[Frame],
         tenant: str | None = None,
+        client_keys: Sequence[bytes] = (),
     ) -> list[bool]:
         committing.set()
         assert gate.wait(2 * REPLY_TIMEOUT_S)
-        return original(self, keys, records, tenant)
+        return original(self, keys, records, tenant, client_keys)
 
     monkeypatch.setattr(DaemonStore, "put", put)
     config = DaemonConfig().with_overrides(

@@ -45,7 +45,13 @@ class FakeStore:
         self.entered.set()
         assert self.gate.wait(WAIT_S)
 
-    def put(self, keys: Sequence[bytes], records: Sequence[Frame], tenant: str | None) -> list:
+    def put(
+        self,
+        keys: Sequence[bytes],
+        records: Sequence[Frame],
+        tenant: str | None,
+        client_keys: Sequence[bytes] = (),
+    ) -> list:
         self._wait()
         self.calls.append(("put", len(keys), tenant))
         if any(k[:1] == b"\xff" for k in keys):
