@@ -18,6 +18,7 @@ import zmq
 from storage_backends.remote.protocol import (
     MAX_ID,
     ErrorReply,
+    GetReply,
     Op,
     ProtocolError,
     Reply,
@@ -212,9 +213,19 @@ class Channel:
                 continue
             if reply.id in pending:
                 position = pending.pop(reply.id)
-                replies[position] = reply
                 if on_reply is not None:
                     on_reply(position, reply)
+                    reply = _consumed(reply)
+                replies[position] = reply
             elif isinstance(reply, ErrorReply):  # no readable id: the request is unknown
                 logger.warning("error reply without id from %s: %s", self._endpoint, reply)
         return bad
+
+
+def _consumed(reply: Reply) -> Reply:
+    """A reply once ``on_reply`` has seen it: a GET's without its pages (copied out by
+    then), so each reply's receive buffers go back to the allocator as soon as it is done
+    with, not all at the end of the exchange."""
+    if isinstance(reply, GetReply) and reply.pages:
+        return dataclasses.replace(reply, pages=())
+    return reply

@@ -5,7 +5,8 @@ thread: it sees exactly what the channel sends and answers when, and how, the te
 says. Promises (the module's docstrings and docs/protocol.md):
 
 - replies are matched by id and returned in request order, whatever order they come in;
-- each reply is handed to ``on_reply`` as it arrives, before later ones are answered;
+- each reply is handed to ``on_reply`` as it arrives, before later ones are answered,
+  and a GET reply's pages are not held once it has seen them;
 - at most ``WINDOW`` requests are in flight, and the window is used (pipelining);
 - every request carries an id never used before on the channel;
 - an exchange left unanswered returns (bounded) with every request counted timed out,
@@ -18,20 +19,25 @@ says. Promises (the module's docstrings and docs/protocol.md):
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 
 import msgpack
 import pytest
 import zmq
 
+from storage_backends.page_format import encode_page
 from storage_backends.remote.channel import WINDOW, Channel
 from storage_backends.remote.protocol import (
     ErrorCode,
     ErrorReply,
     ExistsReply,
+    GetReply,
     Limits,
     Op,
+    Reply,
     Request,
     decode_request,
     encode_reply,
@@ -340,3 +346,32 @@ def test_a_daemon_back_on_the_same_endpoint_is_reached_again(ctx: Ctx, peer: Pee
     stop.set()
     run.join()
     assert reached
+
+
+@pytest.mark.timeout(30)
+def test_a_get_reply_s_pages_are_let_go_once_on_reply_has_seen_them(ctx: Ctx, peer: Peer) -> None:
+    # Held to the end of the exchange, a call's receive buffers were all freed at once, and
+    # glibc gave that memory back to the kernel: the next call faulted fresh memory in.
+    page = encode_page(b"k" * 32, b"p" * (256 << 10))
+    requests = [Request(Op.GET, 0, (bytes([i]) * 32,)) for i in range(4)]
+
+    def script(p: Peer) -> None:
+        for _ in requests:
+            ident, request = p.must_recv()
+            p.send(ident, encode_reply(GetReply(request.id, (True,), (page,))))
+
+    run = Run(peer, script)
+    seen: list[weakref.ref[zmq.Frame]] = []
+
+    def on_reply(_position: int, reply: Reply) -> None:
+        assert isinstance(reply, GetReply) and bytes(reply.pages[0]) == page
+        frame = memoryview(reply.pages[0]).obj
+        assert isinstance(frame, zmq.Frame)
+        seen.append(weakref.ref(frame))
+
+    outcome = channel(ctx, peer.endpoint).exchange(Op.GET, requests, BOUND_S, on_reply)
+    run.join()
+    assert len(seen) == 4 and all(isinstance(r, GetReply) for r in outcome.replies)
+    gc.collect()
+    assert [ref() for ref in seen] == [None] * 4  # released while the outcome is held
+    assert [r.found for r in outcome.replies if isinstance(r, GetReply)] == [(True,)] * 4
