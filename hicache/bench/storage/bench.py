@@ -1,14 +1,13 @@
 """Storage backend batch put/get throughput against the plain way of storing the same bytes.
 
-``--backend disk`` runs the disk backend's grid instead (``hicache.bench.storage.disk_grid``).
-
-For each page size (64 KiB, 512 KiB, 2 MiB) the same pages are written
-through the backend in batches and through the baseline, then read back in
-batches into preallocated buffers. The baseline of the on-disk backends is
-one file per page (``open``/``write``, ``readinto``); both sides read warm
-data (just written, in the OS page cache), so the comparison is of the code
-paths, not of the disk. The baseline of ``redis`` is redis-py's client doing
-plain SET/GET of the same bytes (see ``hicache.bench.storage.targets``).
+``--backend disk`` (the default, as ``disk`` is the default store) runs the disk backend's
+grid (``hicache.bench.storage.disk_grid``). With another backend, for each page size
+(64 KiB, 512 KiB, 2 MiB) the same pages are written through the backend in batches and
+through the baseline, then read back in batches into preallocated buffers. The baseline of
+the on-disk backends is one file per page (``open``/``write``, ``readinto``); both sides
+read warm data (just written, in the OS page cache), so the comparison is of the code
+paths, not of the disk. The baseline of ``redis`` is redis-py's client doing plain SET/GET
+of the same bytes (see ``hicache.bench.storage.targets``).
 """
 
 from __future__ import annotations
@@ -73,9 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         choices=("lmdb", "file", "redis", "mooncake", "disk"),
-        default="lmdb",
-        help="the store measured (disk: a grid against raw pwritev/preadv with and without "
-        "xxh3, lmdb and one file per page, see its flags below)",
+        default="disk",
+        help="the store measured (disk, the default store: a grid against raw pwritev/preadv "
+        "with and without xxh3, lmdb and one file per page, see its flags below; the others: "
+        "against their plain baseline)",
     )
     parser.add_argument(
         "--json", type=Path, help="write the results as a JSON list here (default: print only)"

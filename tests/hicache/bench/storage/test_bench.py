@@ -69,6 +69,15 @@ def test_tiering_bench_runs_its_storage_row_on_redis(
     assert left == [b"hicache:someone-else"]  # the bench's keys are gone, nobody else's
 
 
+def test_the_store_measured_by_default_is_the_default_store(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "storage", "--help"])
+    assert exit_info.value.code == 0
+    assert re.search(r"\(default:\s+disk\)", capsys.readouterr().out)
+
+
 def test_disk_grid_reports_every_side_and_says_whether_reads_were_cold(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
