@@ -4,6 +4,7 @@ hicache store inspect PATH   pages, bytes, page sizes, fingerprint, and
                              which model (of --config) the fingerprint is
 hicache store verify PATH    a checksum pass over every page; exit 1 if any
                              page is damaged (nothing is modified)
+  (both: --kind disk|lmdb|file picks the store of a directory holding several)
 hicache store migrate PATH   convert an LMDB store into a disk store (in place,
                              keeping the LMDB store beside it, or --to DIR);
                              damaged pages are skipped and counted; exit 2,
@@ -41,8 +42,17 @@ def _builder(
     name: str, run: Callable[[argparse.Namespace], int]
 ) -> Callable[[argparse.ArgumentParser], None]:
     def build(p: argparse.ArgumentParser) -> None:
+        from storage_backends.store_kind import LOCAL_KINDS
+
         p.add_argument("path", type=Path, metavar="PATH", help="the store directory")
         p.add_argument("--json", action="store_true", help="print JSON instead of text")
+        if name in ("inspect", "verify"):
+            p.add_argument(
+                "--kind",
+                choices=LOCAL_KINDS,
+                help="which store to read in a directory holding several kinds (default: "
+                "the one it holds)",
+            )
         if name == "inspect":  # verify reads no config
             add_config_flags(p)
         if name == "migrate":
@@ -83,7 +93,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     """What a store holds: pages, bytes, page sizes, fingerprint, model."""
     from storage_backends.tools.inspect import summarize
 
-    s = summarize(args.path)
+    s = summarize(args.path, args.kind)
     if args.json:
         print(json.dumps({**s._asdict(), "path": str(s.path)}, indent=2))
         return 0
@@ -101,7 +111,7 @@ def run_verify(args: argparse.Namespace) -> int:
     """A checksum pass over every page of a store; exit 1 if any is damaged."""
     from storage_backends.tools.inspect import verify
 
-    result = verify(args.path)
+    result = verify(args.path, args.kind)
     if args.json:
         print(json.dumps({**result._asdict(), "ok": result.ok}, indent=2))
     else:

@@ -17,6 +17,7 @@ from storage_backends.errors import StorageOpenError
 from storage_backends.file import backend as file_backend
 from storage_backends.lmdb import writes as lmdb_writes
 from storage_backends.page_format import HEADER_BYTES, Verdict, parse_header, validate
+from storage_backends.store_kind import kinds_in
 
 _LMDB_DATA = "data.mdb"
 _SHOWN_DAMAGED = 10
@@ -48,22 +49,37 @@ class VerifyResult(NamedTuple):
         return self.checked == self.verdicts.get(Verdict.OK.value, 0)
 
 
-def store_kind(path: Path) -> str:
-    """``disk``, ``lmdb`` or ``file``; StorageOpenError when ``path`` is none of them."""
-    if disk_scan.is_disk_store(path):
-        return "disk"
-    if (path / _LMDB_DATA).is_file():
-        return "lmdb"
-    if (path / file_backend._META_FILE).is_file():
-        return "file"
-    raise StorageOpenError(
-        f"{path}: not a disk, lmdb or file store (no index/{_LMDB_DATA}, {_LMDB_DATA}, store.json)"
-    )
+def store_kind(path: Path, kind: str | None = None) -> str:
+    """The kind of store at ``path`` to read: ``kind`` when given, else the one kind the
+    directory holds. StorageOpenError when it holds none, holds no store of ``kind``, or
+    holds several kinds and ``kind`` does not say which (guessing could report the wrong
+    store's pages as the user's)."""
+    found = kinds_in(path)
+    if kind is not None:
+        if kind not in found:
+            raise StorageOpenError(f"{path}: holds no {kind} store (found: {_listed(found)})")
+        return kind
+    if len(found) > 1:
+        raise StorageOpenError(
+            f"{path}: holds stores of several kinds ({_listed(found)}): name the one to read "
+            "with --kind"
+        )
+    if not found:
+        raise StorageOpenError(
+            f"{path}: not a disk, lmdb or file store (no index/{_LMDB_DATA}, {_LMDB_DATA}, "
+            "store.json)"
+        )
+    return found[0]
 
 
-def pages(path: Path) -> Iterator[tuple[bytes, bytes]]:
-    """Every stored (key, header+payload) of the store at ``path``."""
-    kind = store_kind(path)
+def _listed(kinds: list[str]) -> str:
+    return ", ".join(kinds) or "none"
+
+
+def pages(path: Path, kind: str | None = None) -> Iterator[tuple[bytes, bytes]]:
+    """Every stored (key, header+payload) of the store at ``path`` (of ``kind``, see
+    ``store_kind``)."""
+    kind = store_kind(path, kind)
     if kind == "disk":
         yield from disk_scan.pages(path)
     elif kind == "lmdb":
@@ -72,13 +88,14 @@ def pages(path: Path) -> Iterator[tuple[bytes, bytes]]:
         yield from _file_pages(path)
 
 
-def summarize(path: Path) -> StoreSummary:
-    kind = store_kind(path)
+def summarize(path: Path, kind: str | None = None) -> StoreSummary:
+    """What the store at ``path`` (of ``kind``, see ``store_kind``) holds; reads it all."""
+    kind = store_kind(path, kind)
     readers = {"disk": disk_scan.meta, "lmdb": _lmdb_meta, "file": _file_meta}
     version, fingerprint = readers[kind](path)
     count = stored = payload = 0
     sizes: Counter[int] = Counter()
-    for _key, blob in pages(path):
+    for _key, blob in pages(path, kind):
         header = parse_header(blob)
         length = header.payload_len if header else len(blob) - HEADER_BYTES
         count, stored, payload = count + 1, stored + len(blob), payload + max(length, 0)
@@ -86,12 +103,13 @@ def summarize(path: Path) -> StoreSummary:
     return StoreSummary(path, kind, version, fingerprint, count, stored, payload, dict(sizes))
 
 
-def verify(path: Path) -> VerifyResult:
-    """Check header and xxh3 checksum of every page (reads every byte)."""
+def verify(path: Path, kind: str | None = None) -> VerifyResult:
+    """Check header and xxh3 checksum of every page of the store at ``path`` (of ``kind``,
+    see ``store_kind``; reads every byte)."""
     verdicts: Counter[str] = Counter()
     damaged: list[tuple[str, str]] = []
     checked = 0
-    for key, blob in pages(path):
+    for key, blob in pages(path, kind):
         verdict = validate(memoryview(blob), key, None)
         checked += 1
         verdicts[verdict.value] += 1

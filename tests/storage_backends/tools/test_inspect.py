@@ -99,3 +99,24 @@ def test_store_commands(tmp_path: Path, backend: str, capsys: pytest.CaptureFixt
 def test_not_a_store_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["store", "verify", str(tmp_path)]) == 2
     assert "not a disk, lmdb or file store" in capsys.readouterr().err
+
+
+def test_a_directory_of_several_kinds_is_read_only_as_the_kind_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An lmdb store and a file store in one directory (a migration's leftovers, a config
+    # changed under the same path): which one is meant is the user's to say.
+    path = _store(tmp_path, "lmdb")
+    file_store = _store(tmp_path, "file")
+    for entry in file_store.iterdir():
+        entry.rename(path / entry.name)
+    for command in ("inspect", "verify"):
+        assert main(["store", command, str(path)]) == 2
+        assert "several kinds (lmdb, file): name the one to read with --kind" in (
+            capsys.readouterr().err
+        )
+    assert main(["store", "inspect", str(path), "--kind", "file", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "file"
+    assert summarize(path, "lmdb").pages == N and verify(path, "file").checked == N
+    assert main(["store", "verify", str(path), "--kind", "disk"]) == 2
+    assert "holds no disk store (found: lmdb, file)" in capsys.readouterr().err
