@@ -38,14 +38,14 @@ from hicache.bench.sglang.l3 import (
     BASELINE,
     Geometry,
     Row,
-    _backup,
-    _close,
-    _daemon_config,
-    _open,
-    _pool,
-    _prefetch,
-    _timed,
-    _tokens,
+    backup_pages,
+    close_storage,
+    daemon_config,
+    host_pool,
+    open_storage,
+    prefetch_pages,
+    timed,
+    tokens_for,
 )
 from hicache.config.flags import at_least
 from hicache.integrations.sglang_cpu import Controller, chain_hashes, enter_sglang
@@ -104,26 +104,26 @@ class _Target:
     ) -> None:
         self.name, self.geometry, self.v1 = name, geometry, name != BASELINE
         self.daemon_pid = daemon_pid
-        self.pool, self.dst = _pool(geometry, 1), _pool(geometry, 2)
-        self.backend = _open(name, self.pool, root, endpoint)
+        self.pool, self.dst = host_pool(geometry, 1), host_pool(geometry, 2)
+        self.backend = open_storage(name, self.pool, root, endpoint)
         self.best: dict[tuple[str, int], float] = {}
         self.best_cpu: dict[tuple[str, int], float] = {}
 
     def once(self, batch: int, seed: int) -> None:
         """Write fresh pages ``batch`` per call, then look them up and read them back."""
         g = self.geometry
-        tokens = _tokens(g, seed * g.pages * g.page_size)
+        tokens = tokens_for(g, seed * g.pages * g.page_size)
         hashes = chain_hashes(tokens, None, g.page_size)
         writer = Controller(self.backend, self.pool, self.v1)
-        self._keep("set", batch, functools.partial(_backup, writer, hashes, batch))
+        self._keep("set", batch, functools.partial(backup_pages, writer, hashes, batch))
         self.backend.register_mem_pool_host(self.dst)
         reader = Controller(self.backend, self.dst, self.v1)
-        self._keep("get", batch, functools.partial(_prefetch, reader, tokens, batch))
+        self._keep("get", batch, functools.partial(prefetch_pages, reader, tokens, batch))
         self.backend.register_mem_pool_host(self.pool)
 
     def _keep(self, op: str, batch: int, fn: Callable[[], int]) -> None:
         cpu = _cpu_seconds(self.daemon_pid)
-        seconds = _timed(fn, self.geometry.pages)
+        seconds = timed(fn, self.geometry.pages)
         cpu = _cpu_seconds(self.daemon_pid) - cpu
         nbytes = self.geometry.pages * self.geometry.page_bytes
         key = (op, batch)
@@ -157,7 +157,7 @@ def _run_target(
     """GB/s of set and get per batch size for one target alone (best of ``repeat``)."""
     one = _Target(target, geometry, root, endpoint)
     _run_targets([one], repeat)
-    _close(one.backend)
+    close_storage(one.backend)
     return one.best
 
 
@@ -175,25 +175,25 @@ def _reader_process(
     page in calls of 16; put its seconds on ``out``."""
     enter_sglang()
     torch.set_num_threads(torch_threads)
-    dst = _pool(geometry, 3)
-    backend = _open(target, dst, Path(root), endpoint)
+    dst = host_pool(geometry, 3)
+    backend = open_storage(target, dst, Path(root), endpoint)
     reader = Controller(backend, dst, target != BASELINE)
     start.wait()  # type: ignore[attr-defined]
-    seconds = _timed(
-        functools.partial(_prefetch, reader, _tokens(geometry, seed), 16), geometry.pages
+    seconds = timed(
+        functools.partial(prefetch_pages, reader, tokens_for(geometry, seed), 16), geometry.pages
     )
     out.put(seconds)  # type: ignore[attr-defined]
-    _close(backend)
+    close_storage(backend)
 
 
 def _two_readers(target: str, geometry: Geometry, root: Path, endpoint: str) -> float:
     """Aggregate GB/s of 2 processes reading the same pages at once."""
     seed = 7_000_000
-    pool = _pool(geometry, 1)
-    backend = _open(target, pool, root, endpoint)
-    hashes = chain_hashes(_tokens(geometry, seed), None, geometry.page_size)
-    _backup(Controller(backend, pool, target != BASELINE), hashes, 16)
-    _close(backend)
+    pool = host_pool(geometry, 1)
+    backend = open_storage(target, pool, root, endpoint)
+    hashes = chain_hashes(tokens_for(geometry, seed), None, geometry.page_size)
+    backup_pages(Controller(backend, pool, target != BASELINE), hashes, 16)
+    close_storage(backend)
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(2, timeout=600), ctx.Queue()
     args = (target, geometry, str(root), endpoint, seed, start, out, torch.get_num_threads())
@@ -216,7 +216,7 @@ def measure(
     ``daemon_sets``: ``SECTION.KEY=VALUE`` overrides of the daemons' config."""
     from hicache.bench.common.processes import start_daemon
 
-    config = _daemon_config(root)
+    config = daemon_config(root)
     ipc = f"ipc://{root / 'daemon.sock'}"
     extra = serve_sets(daemon_sets)
     with (
@@ -232,7 +232,7 @@ def measure(
         ]
         _run_targets(targets, repeat)
         for target in targets:
-            _close(target.backend)
+            close_storage(target.backend)
         shared = disk_shared = file_shared = 0.0
         for _ in range(repeat):  # alternating, best of each
             shared = max(shared, _two_readers("daemon", geometry, root, on_ipc.endpoint))

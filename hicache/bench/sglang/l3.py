@@ -1,6 +1,6 @@
-"""SGLang's L3 path as the bench drives it: a host pool (``_pool``), the storage object SGLang's
-factory makes for a target (``_open``), its backup and prefetch calls (``_backup``,
-``_prefetch``), timed; what the bench's rows and the linker's rows share."""
+"""SGLang's L3 path as the bench drives it: a host pool (``host_pool``), the storage object SGLang's
+factory makes for a target (``open_storage``), its backup and prefetch calls (``backup_pages``,
+``prefetch_pages``), timed; what the bench's rows and the linker's rows share."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class Row:
         return self.cpu_gbps / self.baseline_cpu_gbps if self.baseline_cpu_gbps else 0.0
 
 
-def _open(target: str, pool: HostPool, root: Path, endpoint: str) -> Any:
+def open_storage(target: str, pool: HostPool, root: Path, endpoint: str) -> Any:
     """The storage object SGLang would create for ``target`` (through its factory)."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
@@ -87,7 +87,7 @@ def _open(target: str, pool: HostPool, root: Path, endpoint: str) -> Any:
     return backend
 
 
-def _pool(geometry: Geometry, seed: int) -> HostPool:
+def host_pool(geometry: Geometry, seed: int) -> HostPool:
     pool = HostPool(
         "mha", geometry.layout, geometry.pages, geometry.page_size,
         geometry.layers, geometry.heads, geometry.head_dim,
@@ -97,11 +97,11 @@ def _pool(geometry: Geometry, seed: int) -> HostPool:
     return pool
 
 
-def _tokens(geometry: Geometry, seed: int) -> list[int]:
+def tokens_for(geometry: Geometry, seed: int) -> list[int]:
     return list(range(seed, seed + geometry.pages * geometry.page_size))
 
 
-def _timed(fn: Callable[[], int], expect: int) -> float:
+def timed(fn: Callable[[], int], expect: int) -> float:
     start = time.perf_counter()
     done = fn()
     seconds = time.perf_counter() - start
@@ -110,13 +110,13 @@ def _timed(fn: Callable[[], int], expect: int) -> float:
     return seconds
 
 
-def _close(backend: Any) -> None:
+def close_storage(backend: Any) -> None:
     close = getattr(backend, "close", None)  # SGLang's HiCacheFile has none
     if close is not None:
         close()
 
 
-def _backup(ctl: Controller, hashes: list[str], batch: int) -> int:
+def backup_pages(ctl: Controller, hashes: list[str], batch: int) -> int:
     """SGLang's backup thread, ``batch`` pages per storage call."""
     done = 0
     for start in range(0, len(hashes), batch):
@@ -125,7 +125,7 @@ def _backup(ctl: Controller, hashes: list[str], batch: int) -> int:
     return done
 
 
-def _prefetch(ctl: Controller, tokens: list[int], batch: int) -> int:
+def prefetch_pages(ctl: Controller, tokens: list[int], batch: int) -> int:
     """SGLang's prefetch: the hit query (chunks of 128), then reads of ``batch`` pages."""
     hashes, _ = ctl.hit_query(tokens)
     done = 0
@@ -135,7 +135,7 @@ def _prefetch(ctl: Controller, tokens: list[int], batch: int) -> int:
     return done
 
 
-def _daemon_config(root: Path) -> Path:
+def daemon_config(root: Path) -> Path:
     path = root / "daemon.toml"
     path.write_text(
         f'[store]\npath = "{root / "daemon-store"}"\nmax_bytes = {8 << 30}\n'

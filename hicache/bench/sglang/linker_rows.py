@@ -27,14 +27,14 @@ from pathlib import Path
 from hicache.bench.sglang.l3 import (
     Geometry,
     Row,
-    _backup,
-    _close,
-    _daemon_config,
-    _open,
-    _pool,
-    _prefetch,
-    _timed,
-    _tokens,
+    backup_pages,
+    close_storage,
+    daemon_config,
+    host_pool,
+    open_storage,
+    prefetch_pages,
+    timed,
+    tokens_for,
 )
 from hicache.bench.sglang.linker import SglangModules, Shape, UnifiedServer
 from hicache.integrations.sglang_cpu import Controller, HostPool, chain_hashes
@@ -76,22 +76,22 @@ def measure(geometry: Geometry, root: Path, repeat: int) -> list[Row]:
     layout = g.layout if g.layout in ("page_first", "layer_first") else "page_first"
     ipc = f"ipc://{root / 'linker-daemon.sock'}"
     nbytes, best = g.pages * g.page_bytes, dict[str, float]()
-    with start_daemon(_daemon_config(root), root / "store-linker", ipc) as daemon:
+    with start_daemon(daemon_config(root), root / "store-linker", ipc) as daemon:
         extra: dict[str, object] = {"hicache_config": "remote", "endpoint": daemon.endpoint}
         extra["layout"] = layout
         server = UnifiedServer(sg, shape, "python", extra, model="bench/model")
-        source, dst = _pool(g, 1), _pool(g, 2)
-        l3 = _open("daemon", source, root, daemon.endpoint)
+        source, dst = host_pool(g, 1), host_pool(g, 2)
+        l3 = open_storage("daemon", source, root, daemon.endpoint)
         try:
             for rep in range(repeat):
-                tokens = _tokens(g, (2 * rep + 1) * 1_000_000)
+                tokens = tokens_for(g, (2 * rep + 1) * 1_000_000)
                 offload = functools.partial(_linker_offload, server, tokens, rep)
                 _best(best, "linker set", nbytes, offload)
                 load = functools.partial(_linker_load, server, tokens, g.pages)
                 _best(best, "linker get", nbytes, load)
-                _l3_once(l3, source, dst, _tokens(g, (2 * rep + 2) * 1_000_000), best)
+                _l3_once(l3, source, dst, tokens_for(g, (2 * rep + 2) * 1_000_000), best)
         finally:
-            _close(l3)
+            close_storage(l3)
             server.close()
     return [
         Row(TARGET, op, g.pages, best[f"linker {op}"], best[f"l3 {op}"]) for op in ("set", "get")
@@ -105,12 +105,12 @@ def _l3_once(
     hashes = chain_hashes(tokens, None, source.page_size)
     nbytes = len(hashes) * _page_bytes(source)
     writer = Controller(l3, source, True)
-    backup = functools.partial(_backup, writer, hashes, L3_BATCH)
-    _best(best, "l3 set", nbytes, lambda: _timed(backup, len(hashes)))
+    backup = functools.partial(backup_pages, writer, hashes, L3_BATCH)
+    _best(best, "l3 set", nbytes, lambda: timed(backup, len(hashes)))
     l3.register_mem_pool_host(dst)  # type: ignore[attr-defined]
     reader = Controller(l3, dst, True)
-    prefetch = functools.partial(_prefetch, reader, tokens, L3_BATCH)
-    _best(best, "l3 get", nbytes, lambda: _timed(prefetch, len(hashes)))
+    prefetch = functools.partial(prefetch_pages, reader, tokens, L3_BATCH)
+    _best(best, "l3 get", nbytes, lambda: timed(prefetch, len(hashes)))
     l3.register_mem_pool_host(source)  # type: ignore[attr-defined]
 
 

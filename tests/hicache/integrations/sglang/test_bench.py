@@ -22,7 +22,7 @@ def test_each_target_reports_set_and_get(
     pid = shared_daemon.pid if target == "daemon" else 0
     one = bench._Target(target, TINY, tmp_path, shared_daemon.endpoint, pid)
     bench._run_targets([one], repeat=1)
-    bench._close(one.backend)
+    bench.close_storage(one.backend)
     expected = {(op, b) for op in ("set", "get") for b in bench.BATCHES}
     assert set(one.best) == set(one.best_cpu) == expected
     assert all(gbps > 0 for gbps in [*one.best.values(), *one.best_cpu.values()])
