@@ -156,8 +156,9 @@ class ByteLRU:
         """Remove ``key``; return whether it was cached."""
         with self._lock:
             self._generation += 1
-            found = self._new.remove(key) is not None
-            return self._reused.remove(key) is not None or found
+            if self._new.remove(key) is not None:  # a key is in one segment at most
+                return True
+            return self._reused.remove(key) is not None
 
     def size(self) -> LruSize:
         with self._lock:

@@ -304,11 +304,8 @@ class DiskWrites:
             pad = stride - HEADER_BYTES - len(view)
             if pad and n < last:
                 bufs.append(gap(pad))
-        return self._write_bufs(span, span.offset, bufs)
-
-    def _write_bufs(self, span: _Span, offset: int, bufs: list[bytes | memoryview]) -> bool:
         try:
-            self._ctx.segments.write(span.segment, offset, bufs)
+            self._ctx.segments.write(span.segment, span.offset, bufs)
         except OSError as exc:
             self._ctx.log.failure("disk store write failed; the pages are not stored", exc)
             return False
